@@ -1,0 +1,43 @@
+#pragma once
+
+// The edge where engine code meets LibTorch's exceptions: run a callable,
+// turn a c10::Error (or any std::exception) into an absl::Status with context.
+
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ferry {
+
+// Maps the exception currently being handled to a Status whose message starts
+// with `context`. Out-of-memory errors map to RESOURCE_EXHAUSTED, everything
+// else to INTERNAL. Call only from inside a catch block.
+absl::Status StatusFromCurrentException(absl::string_view context);
+
+// Runs `fn`, which returns void, a Status or a StatusOr<T>, converting thrown
+// exceptions with StatusFromCurrentException.
+template <typename Fn>
+auto CallTorch(absl::string_view context, Fn&& fn) -> decltype(auto) {
+  using Result = std::invoke_result_t<Fn>;
+  try {
+    if constexpr (std::is_void_v<Result>) {
+      std::forward<Fn>(fn)();
+      return absl::OkStatus();
+    } else {
+      return std::forward<Fn>(fn)();
+    }
+  } catch (...) {
+    if constexpr (std::is_void_v<Result>) {
+      return StatusFromCurrentException(context);
+    } else {
+      return Result(StatusFromCurrentException(context));
+    }
+  }
+}
+
+}  // namespace ferry

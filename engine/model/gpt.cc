@@ -1,0 +1,129 @@
+#include "engine/model/gpt.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <string>
+
+#include <ATen/ATen.h>
+
+namespace ferry {
+namespace {
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(1e-5));
+}
+
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
+    : heads_(config.heads) {
+  c_attn = register_module("c_attn", torch::nn::Linear(config.hidden, 3 * config.hidden));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.hidden, config.hidden));
+  attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
+  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
+  // A buffer, not a parameter: it moves with the module and is not trained.
+  causal_mask_ = register_buffer(
+      "causal_mask",
+      torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t batch = x.size(0);
+  const int64_t time = x.size(1);
+  const int64_t hidden = x.size(2);
+  const int64_t head_dim = hidden / heads_;
+
+  std::vector<torch::Tensor> qkv = c_attn->forward(x).split(hidden, /*dim=*/2);
+  auto to_heads = [&](const torch::Tensor& t) {
+    return t.view({batch, time, heads_, head_dim}).transpose(1, 2);  // [B, nh, T, hd]
+  };
+  torch::Tensor q = to_heads(qkv[0]);
+  torch::Tensor k = to_heads(qkv[1]);
+  torch::Tensor v = to_heads(qkv[2]);
+
+  torch::Tensor scores = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(double(head_dim)));
+  torch::Tensor allowed = causal_mask_.slice(0, 0, time).slice(1, 0, time);
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  torch::Tensor weights = attn_dropout_->forward(scores.softmax(-1));
+  torch::Tensor y = weights.matmul(v).transpose(1, 2).contiguous().view({batch, time, hidden});
+  return resid_dropout_->forward(c_proj->forward(y));
+}
+
+MlpImpl::MlpImpl(const GptConfig& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.hidden, 4 * config.hidden));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.hidden, config.hidden));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  // GPT-2 uses the tanh approximation of GELU.
+  torch::Tensor hidden = at::gelu(c_fc->forward(x), "tanh");
+  return dropout_->forward(c_proj->forward(hidden));
+}
+
+BlockImpl::BlockImpl(const GptConfig& config) {
+  ln_1 = register_module("ln_1", MakeLayerNorm(config.hidden));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", MakeLayerNorm(config.hidden));
+  mlp = register_module("mlp", Mlp(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = x + attn->forward(ln_1->forward(x));
+  return y + mlp->forward(ln_2->forward(y));
+}
+
+GptImpl::GptImpl(const GptConfig& config) : config_(config) {
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.hidden));
+  wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
+  drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config));
+  ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
+
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(config.layers));
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (name.find("ln_") != std::string::npos) {
+      if (is_bias) p.zero_(); else p.fill_(1.0);
+    } else if (is_bias) {
+      p.zero_();
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      p.normal_(0.0, residual_std);
+    } else {
+      p.normal_(0.0, 0.02);
+    }
+  }
+}
+
+torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
+  const int64_t time = tokens.size(1);
+  torch::Tensor positions = torch::arange(time, tokens.options().dtype(torch::kLong));
+  return drop_->forward(wte->forward(tokens) + wpe->forward(positions));
+}
+
+torch::Tensor GptImpl::Head(const torch::Tensor& x) {
+  return ln_f->forward(x).matmul(wte->weight.t());
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, time], got ", tokens.sizes());
+  TORCH_CHECK(tokens.size(1) <= config_.seq_len, "sequence of ", tokens.size(1),
+              " tokens is longer than seq_len ", config_.seq_len);
+  torch::Tensor x = Embed(tokens);
+  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
+  return Head(x);
+}
+
+torch::Tensor GptImpl::Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace ferry

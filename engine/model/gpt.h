@@ -1,0 +1,99 @@
+#pragma once
+
+// A GPT-2 architecture model built from our own modules, so that the memory
+// manager, recompute and tensor parallelism can work block by block.
+//
+// Parameter names follow the GPT-2 checkpoints where they correspond
+// (wte, wpe, h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2,
+// h.N.mlp.c_fc, h.N.mlp.c_proj, ln_f). The output layer is tied to wte.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "engine/model/gpt_config.h"
+
+namespace ferry {
+
+// Multi-head self-attention where position t attends to positions <= t.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  // x: [batch, time, hidden] -> [batch, time, hidden].
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_attn{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  int64_t heads_;
+  torch::nn::Dropout attn_dropout_{nullptr};
+  torch::nn::Dropout resid_dropout_{nullptr};
+  // Lower-triangular [seq_len, seq_len] mask, true where attention is allowed.
+  torch::Tensor causal_mask_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const GptConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// A pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  // Parameters are initialised as GPT-2's: N(0, 0.02), residual output
+  // projections scaled by 1/sqrt(2 * layers), zero biases, unit norms. Draws
+  // from LibTorch's default generator: seed it first for reproducibility.
+  explicit GptImpl(const GptConfig& config);
+
+  // tokens: [batch, time] int64 with time <= seq_len -> logits
+  // [batch, time, vocab_size].
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  // The stages of forward(), for callers that work block by block.
+  torch::Tensor Embed(const torch::Tensor& tokens);
+  torch::Tensor Head(const torch::Tensor& x);
+
+  // Mean cross-entropy of logits against targets ([batch, time] int64).
+  static torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+  const GptConfig& config() const { return config_; }
+  int64_t block_count() const { return static_cast<int64_t>(h->size()); }
+  BlockImpl& block(int64_t i) { return *h[i]->as<BlockImpl>(); }
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GptConfig config_;
+  torch::nn::Dropout drop_{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace ferry

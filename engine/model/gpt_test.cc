@@ -1,0 +1,103 @@
+#include "engine/model/gpt.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace ferry {
+namespace {
+
+GptConfig SmallConfig() {
+  GptConfig c;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab_size = 50;
+  c.seq_len = 16;
+  c.dropout = 0.0;
+  return c;
+}
+
+TEST(GptTest, LogitsHaveBatchTimeVocabShape) {
+  torch::manual_seed(0);
+  Gpt model(SmallConfig());
+  torch::Tensor tokens = torch::randint(0, 50, {3, 10}, torch::kLong);
+  torch::Tensor logits = model->forward(tokens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10, 50}));
+}
+
+TEST(GptTest, ParameterCountMatchesConfig) {
+  GptConfig config = SmallConfig();
+  Gpt model(config);
+  int64_t total = 0;
+  for (const auto& p : model->parameters()) total += p.numel();
+  EXPECT_EQ(total, config.ParameterCount());
+}
+
+TEST(GptTest, OutputLayerIsTiedToTokenEmbedding) {
+  Gpt model(SmallConfig());
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_EQ(item.key().find("lm_head"), std::string::npos) << item.key();
+  }
+  // Changing wte changes the logits' projection directly.
+  torch::Tensor tokens = torch::zeros({1, 1}, torch::kLong);
+  torch::Tensor before = model->forward(tokens).detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    // Not a constant shift: the final LayerNorm's output has zero mean.
+    model->wte->weight[7].add_(torch::randn({32}));
+  }
+  torch::Tensor after = model->forward(tokens).detach();
+  EXPECT_GT((after[0][0][7] - before[0][0][7]).abs().item<float>(), 1e-4);
+}
+
+TEST(GptTest, FutureTokensDoNotChangeEarlierLogits) {
+  torch::manual_seed(1);
+  Gpt model(SmallConfig());
+  model->eval();
+  torch::Tensor a = torch::randint(0, 50, {2, 12}, torch::kLong);
+  torch::Tensor b = a.clone();
+  // Change every token from position 6 on.
+  b.slice(1, 6, 12).copy_((b.slice(1, 6, 12) + 1) % 50);
+  torch::Tensor la = model->forward(a);
+  torch::Tensor lb = model->forward(b);
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, 6), lb.slice(1, 0, 6), 0, 0))
+      << "positions before the change must see identical logits";
+  EXPECT_FALSE(torch::allclose(la.slice(1, 6, 12), lb.slice(1, 6, 12)));
+}
+
+TEST(GptTest, SameSeedSameInitialisation) {
+  torch::manual_seed(42);
+  Gpt a(SmallConfig());
+  torch::manual_seed(42);
+  Gpt b(SmallConfig());
+  auto pa = a->parameters();
+  auto pb = b->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+}
+
+TEST(GptTest, RejectsSequencesLongerThanContext) {
+  Gpt model(SmallConfig());
+  torch::Tensor tokens = torch::zeros({1, 17}, torch::kLong);
+  EXPECT_THROW(model->forward(tokens), c10::Error);
+}
+
+TEST(GptTest, LossIsLogVocabAtUniformLogits) {
+  torch::Tensor logits = torch::zeros({2, 3, 50});
+  torch::Tensor targets = torch::randint(0, 50, {2, 3}, torch::kLong);
+  EXPECT_NEAR(GptImpl::Loss(logits, targets).item<double>(), std::log(50.0), 1e-5);
+}
+
+TEST(GptTest, GradientsReachEveryParameter) {
+  GptConfig config = SmallConfig();
+  Gpt model(config);
+  torch::Tensor tokens = torch::randint(0, 50, {2, 8}, torch::kLong);
+  torch::Tensor targets = torch::randint(0, 50, {2, 8}, torch::kLong);
+  GptImpl::Loss(model->forward(tokens), targets).backward();
+  for (const auto& item : model->named_parameters()) {
+    ASSERT_TRUE(item.value().grad().defined()) << item.key();
+  }
+}
+
+}  // namespace
+}  // namespace ferry
