@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+
+#include "engine/data/byte_tokenizer.h"
+#include "engine/data/synthetic_source.h"
+#include "engine/data/token_file_source.h"
+
+namespace ferry {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+TEST(ByteTokenizerTest, RoundTripsEveryByte) {
+  std::string text;
+  for (int b = 0; b < 256; ++b) text.push_back(static_cast<char>(b));
+  std::vector<uint16_t> tokens = EncodeBytes(text);
+  ASSERT_EQ(tokens.size(), 256u);
+  EXPECT_EQ(tokens[200], 200);
+  EXPECT_EQ(DecodeBytes(tokens), text);
+}
+
+TEST(ByteTokenizerTest, PrepareConcatenatesFilesAsLittleEndianUint16) {
+  const std::string a = TempPath("a.txt"), b = TempPath("b.txt"), out = TempPath("tok.bin");
+  WriteFile(a, "hi");
+  WriteFile(b, "\xff!");
+  std::vector<std::string> seen;
+  absl::StatusOr<PrepareStats> stats =
+      PrepareTokenFile({a, b}, out, [&](const std::string& f, int64_t) { seen.push_back(f); });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->files, 2);
+  EXPECT_EQ(stats->tokens, 4);
+  EXPECT_EQ(seen.size(), 2u);
+  std::ifstream in(out, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, std::string("h\0i\0\xff\0!\0", 8));
+}
+
+TEST(ByteTokenizerTest, MissingInputLeavesNoOutput) {
+  const std::string out = TempPath("never.bin");
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile({TempPath("missing.txt")}, out);
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::ifstream(out).good());
+}
+
+TEST(TokenFileSourceTest, WindowsAreContiguousSlicesOfTheFile) {
+  const std::string path = TempPath("count.bin");
+  std::string bytes;
+  for (int i = 0; i < 1000; ++i) {
+    bytes.push_back(static_cast<char>(i & 0xff));
+    bytes.push_back(static_cast<char>(i >> 8));
+  }
+  WriteFile(path, bytes);
+  auto source = TokenFileSource::Open(path, /*vocab_size=*/1000, /*window=*/9, /*seed=*/3);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->token_count(), 1000);
+  std::vector<int64_t> tokens;
+  (*source)->SampleWindows(16, 9, &tokens);
+  ASSERT_EQ(tokens.size(), 16u * 9u);
+  std::set<int64_t> starts;
+  for (int row = 0; row < 16; ++row) {
+    starts.insert(tokens[row * 9]);
+    for (int j = 1; j < 9; ++j) EXPECT_EQ(tokens[row * 9 + j], tokens[row * 9] + j);
+  }
+  EXPECT_GT(starts.size(), 8u) << "window starts should vary";
+}
+
+TEST(TokenFileSourceTest, SameSeedSameWindows) {
+  const std::string path = TempPath("seeded.bin");
+  std::string bytes(4000, '\0');
+  for (size_t i = 0; i < bytes.size(); i += 2) bytes[i] = static_cast<char>(i % 251);
+  WriteFile(path, bytes);
+  auto a = TokenFileSource::Open(path, 256, 17, 5);
+  auto b = TokenFileSource::Open(path, 256, 17, 5);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<int64_t> ta, tb;
+  (*a)->SampleWindows(4, 17, &ta);
+  (*b)->SampleWindows(4, 17, &tb);
+  EXPECT_EQ(ta, tb);
+}
+
+TEST(TokenFileSourceTest, RejectsBadFilesWithTheFieldAndTheFix) {
+  const std::string odd = TempPath("odd.bin");
+  WriteFile(odd, "abc");
+  auto s = TokenFileSource::Open(odd, 256, 2, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("data.path"), std::string::npos);
+
+  const std::string small = TempPath("small.bin");
+  WriteFile(small, std::string(20, '\0'));
+  s = TokenFileSource::Open(small, 256, 11, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("seq_len"), std::string::npos);
+
+  const std::string big_token = TempPath("big.bin");
+  WriteFile(big_token, std::string("\x01\x00\x00\x01", 4));  // tokens 1 and 256
+  s = TokenFileSource::Open(big_token, 256, 2, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("vocab_size"), std::string::npos);
+
+  s = TokenFileSource::Open(TempPath("absent.bin"), 256, 2, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SyntheticSourceTest, EveryTransitionFollowsTheChain) {
+  SyntheticSource source(/*vocab_size=*/64, /*branching=*/3, /*chain_seed=*/1, /*sample_seed=*/2);
+  std::vector<int64_t> tokens;
+  source.SampleWindows(32, 20, &tokens);
+  std::map<int64_t, std::set<int64_t>> seen;
+  for (int row = 0; row < 32; ++row) {
+    for (int j = 1; j < 20; ++j) {
+      const int64_t prev = tokens[row * 20 + j - 1], next = tokens[row * 20 + j];
+      ASSERT_GE(next, 0);
+      ASSERT_LT(next, 64);
+      const int64_t* succ = source.successors(prev);
+      EXPECT_TRUE(next == succ[0] || next == succ[1] || next == succ[2]);
+      seen[prev].insert(next);
+    }
+  }
+  for (const auto& [token, nexts] : seen) EXPECT_LE(nexts.size(), 3u);
+}
+
+TEST(SyntheticSourceTest, SuccessorsAreDistinctAndTheChainDependsOnlyOnItsSeed) {
+  SyntheticSource a(100, 4, 7, 1), b(100, 4, 7, 99), c(100, 4, 8, 1);
+  bool differs = false;
+  for (int64_t t = 0; t < 100; ++t) {
+    std::set<int64_t> s(a.successors(t), a.successors(t) + 4);
+    EXPECT_EQ(s.size(), 4u);
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(a.successors(t)[k], b.successors(t)[k]);
+    for (int k = 0; k < 4; ++k) differs |= a.successors(t)[k] != c.successors(t)[k];
+  }
+  EXPECT_TRUE(differs);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,37 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/data/token_source.h"
+
+namespace ferry {
+
+// Random windows from a token file: flat little-endian uint16 tokens. The
+// file is memory-mapped read-only; window starts are uniform over the file.
+class TokenFileSource : public TokenSource {
+ public:
+  // Opens and checks the file: its size is a whole number of tokens, it holds
+  // at least `window` tokens, and every token is below `vocab_size`.
+  static absl::StatusOr<std::unique_ptr<TokenFileSource>> Open(const std::string& path,
+                                                               int64_t vocab_size,
+                                                               int64_t window, uint64_t seed);
+  ~TokenFileSource() override;
+
+  void SampleWindows(int64_t count, int64_t window, std::vector<int64_t>* tokens) override;
+
+  int64_t token_count() const { return token_count_; }
+
+ private:
+  TokenFileSource(const uint16_t* data, size_t mapped_bytes, int64_t token_count, uint64_t seed);
+
+  const uint16_t* data_;
+  size_t mapped_bytes_;
+  int64_t token_count_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,32 @@
+#pragma once
+
+#include <cstdint>
+
+namespace ferry {
+
+// How to train. Every field is set by the caller (the worker fills them from
+// the job spec, whose documentation gives the defaults).
+struct TrainOptions {
+  // Optimizer steps.
+  int64_t steps = 100;
+  // Sequences per step; each holds `GptConfig::seq_len` tokens.
+  int64_t batch_size = 8;
+  // Peak learning rate, after `warmup_steps` of linear warm-up; a cosine
+  // schedule then decays it to `min_lr` at the last step.
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 5;
+  // AdamW.
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  // Clip the global gradient norm to this; 0 disables clipping.
+  double grad_clip = 1.0;
+  // Seeds initialisation and dropout (the data source has its own seed).
+  uint64_t seed = 1;
+  // Intra-op CPU threads; 0 leaves LibTorch's default.
+  int threads = 0;
+};
+
+}  // namespace ferry

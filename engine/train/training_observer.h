@@ -1,0 +1,63 @@
+#pragma once
+
+// How the trainer reports to whoever runs it (the worker process, a test, a
+// benchmark). Engine-side types only: no protobuf.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+// Bytes of one kind of data in one memory tier.
+struct MemoryUsage {
+  // "device" or "host".
+  std::string tier;
+  // "params", "grads", "optimizer_states", "non_model"; empty for capacity.
+  std::string kind;
+  uint64_t bytes = 0;
+};
+
+struct TrainingStarted {
+  // e.g. "cpu", "cuda:0".
+  std::string device;
+  int64_t parameters = 0;
+  int64_t total_steps = 0;
+};
+
+struct StepReport {
+  // 1-based.
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  // Before clipping.
+  double grad_norm = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  // Since the start of training.
+  int64_t tokens = 0;
+  double elapsed_seconds = 0;
+  uint64_t device_memory_bytes = 0;
+  uint64_t host_memory_bytes = 0;
+  std::vector<MemoryUsage> memory;
+  std::vector<MemoryUsage> capacity;
+};
+
+enum class LogLevel { kInfo, kWarning, kError };
+
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  virtual void OnStarted(const TrainingStarted& started) { (void)started; }
+  // After every optimizer step, on the training thread: keep it cheap.
+  virtual void OnStep(const StepReport& report) = 0;
+  virtual void OnLog(LogLevel level, const std::string& message) {
+    (void)level;
+    (void)message;
+  }
+  // Polled between steps; true makes the trainer stop with CANCELLED.
+  virtual bool StopRequested() { return false; }
+};
+
+}  // namespace ferry
