@@ -1,0 +1,100 @@
+#include "server/spec/spec_defaults.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+using ferry::v1::JobSpec;
+
+absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
+  JobSpec out = spec;
+
+  ferry::v1::ModelSpec* model = out.mutable_model();
+  const std::string base = model->preset().empty() ? "gpt2-tiny" : model->preset();
+  absl::StatusOr<GptConfig> preset = GptPreset(base);
+  if (!preset.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.preset: ", preset.status().message()));
+  }
+  if (model->preset().empty() && model->layers() == 0 && model->hidden() == 0 &&
+      model->heads() == 0 && model->vocab_size() == 0 && model->seq_len() == 0) {
+    model->set_preset(base);
+  }
+  if (model->layers() == 0) model->set_layers(static_cast<uint32_t>(preset->layers));
+  if (model->hidden() == 0) model->set_hidden(static_cast<uint32_t>(preset->hidden));
+  if (model->heads() == 0) model->set_heads(static_cast<uint32_t>(preset->heads));
+  if (model->vocab_size() == 0) model->set_vocab_size(static_cast<uint32_t>(preset->vocab_size));
+  if (model->seq_len() == 0) model->set_seq_len(static_cast<uint32_t>(preset->seq_len));
+  if (!model->has_dropout()) model->set_dropout(preset->dropout);
+
+  if (out.data().has_synthetic()) {
+    ferry::v1::SyntheticData* synthetic = out.mutable_data()->mutable_synthetic();
+    if (synthetic->branching() == 0) synthetic->set_branching(2);
+    if (synthetic->seed() == 0) synthetic->set_seed(1);
+  }
+
+  ferry::v1::TrainSpec* train = out.mutable_train();
+  if (train->steps() == 0) train->set_steps(100);
+  if (train->batch_size() == 0) train->set_batch_size(8);
+  if (train->lr() == 0) train->set_lr(3e-4);
+  if (!train->has_warmup_steps()) {
+    train->set_warmup_steps(std::min<uint64_t>(100, train->steps() / 20));
+  }
+  if (!train->has_min_lr()) train->set_min_lr(train->lr() / 10);
+  if (!train->has_weight_decay()) train->set_weight_decay(0.1);
+  if (!train->has_grad_clip()) train->set_grad_clip(1.0);
+  if (train->seed() == 0) train->set_seed(1);
+  if (train->precision() == ferry::v1::PRECISION_UNSPECIFIED) {
+    train->set_precision(ferry::v1::PRECISION_FP32);
+  }
+  if (!train->has_beta1()) train->set_beta1(0.9);
+  if (!train->has_beta2()) train->set_beta2(0.95);
+  if (!train->has_eps()) train->set_eps(1e-8);
+
+  ferry::v1::MemorySpec* memory = out.mutable_memory();
+  if (memory->policy() == ferry::v1::MEMORY_POLICY_UNSPECIFIED) {
+    memory->set_policy(ferry::v1::MEMORY_POLICY_AUTO);
+  }
+
+  ferry::v1::ParallelSpec* parallel = out.mutable_parallel();
+  if (parallel->tensor() == 0) parallel->set_tensor(1);
+  if (parallel->data() == 0) parallel->set_data(1);
+
+  if (!out.checkpoint().dir().empty()) {
+    ferry::v1::CheckpointSpec* checkpoint = out.mutable_checkpoint();
+    if (checkpoint->every_steps() == 0) checkpoint->set_every_steps(100);
+    if (checkpoint->keep() == 0) checkpoint->set_keep(2);
+  }
+  return out;
+}
+
+GptConfig ToGptConfig(const ferry::v1::ModelSpec& model) {
+  GptConfig c;
+  c.layers = model.layers();
+  c.hidden = model.hidden();
+  c.heads = model.heads();
+  c.vocab_size = model.vocab_size();
+  c.seq_len = model.seq_len();
+  c.dropout = model.dropout();
+  return c;
+}
+
+TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
+  TrainOptions o;
+  o.steps = static_cast<int64_t>(train.steps());
+  o.batch_size = train.batch_size();
+  o.lr = train.lr();
+  o.min_lr = train.min_lr();
+  o.warmup_steps = static_cast<int64_t>(train.warmup_steps());
+  o.weight_decay = train.weight_decay();
+  o.beta1 = train.beta1();
+  o.beta2 = train.beta2();
+  o.eps = train.eps();
+  o.grad_clip = train.grad_clip();
+  o.seed = train.seed();
+  o.threads = static_cast<int>(train.threads());
+  return o;
+}
+
+}  // namespace ferry
