@@ -1,0 +1,21 @@
+#pragma once
+
+#include <cstdint>
+
+#include "ferry/v1/job.pb.h"
+
+namespace ferry {
+
+// Told of every job state change and progress report, under the registry's
+// lock: implementations must be quick and must not call back into it.
+// The metrics exporter is one.
+class JobListener {
+ public:
+  virtual ~JobListener() = default;
+  // `from` is JOB_STATE_UNSPECIFIED for a newly submitted job.
+  virtual void OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) = 0;
+  // `new_tokens`: tokens processed since the job's previous report.
+  virtual void OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) = 0;
+};
+
+}  // namespace ferry

@@ -1,0 +1,300 @@
+#include "server/jobs/job_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "server/common/enum_names.h"
+#include "server/common/proto_time.h"
+
+namespace ferry {
+namespace {
+
+using ferry::v1::Job;
+using ferry::v1::JobEvent;
+using ferry::v1::JobState;
+
+bool IsTerminal(JobState s) {
+  return s == ferry::v1::JOB_STATE_SUCCEEDED || s == ferry::v1::JOB_STATE_FAILED ||
+         s == ferry::v1::JOB_STATE_CANCELLED;
+}
+
+std::string DeterministicBytes(const ferry::v1::JobSpec& spec) {
+  std::string out;
+  google::protobuf::io::StringOutputStream stream(&out);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  spec.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return out;
+}
+
+std::string PageToken(uint64_t after_order) {
+  return absl::WebSafeBase64Escape(absl::StrCat("after:", after_order));
+}
+
+bool ParsePageToken(const std::string& token, uint64_t* after_order) {
+  std::string raw;
+  if (!absl::WebSafeBase64Unescape(token, &raw)) return false;
+  absl::string_view rest = raw;
+  return absl::ConsumePrefix(&rest, "after:") && absl::SimpleAtoi(rest, after_order);
+}
+
+}  // namespace
+
+JobRegistry::JobRegistry(JobRegistryOptions options, JobListener* listener)
+    : options_(options), listener_(listener), id_rng_(std::random_device{}()) {}
+
+std::string JobRegistry::NewId() {
+  for (;;) {
+    std::string id = absl::StrFormat("j-%08x", static_cast<uint32_t>(id_rng_()));
+    if (!jobs_.contains(id)) return id;
+  }
+}
+
+JobRegistry::Record* JobRegistry::Find(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const JobRegistry::Record* JobRegistry::Find(const std::string& id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::Status JobRegistry::NotFound(const std::string& id) const {
+  return absl::NotFoundError(
+      absl::StrCat("job_id: no job '", id, "' on this daemon; `ferry list` shows the jobs"));
+}
+
+void JobRegistry::SetState(Record& record, JobState to, const std::string& reason) {
+  const JobState from = record.job.state();
+  record.job.set_state(to);
+  const absl::Time now = absl::Now();
+  if (to == ferry::v1::JOB_STATE_RUNNING) ToProtoTime(now, record.job.mutable_start_time());
+  if (IsTerminal(to)) {
+    ToProtoTime(now, record.job.mutable_end_time());
+    record.job.set_error(reason);
+    record.job.set_cancel_requested(false);
+  }
+  JobEvent event;
+  ToProtoTime(now, event.mutable_time());
+  event.mutable_state_change()->set_from(from);
+  event.mutable_state_change()->set_to(to);
+  event.mutable_state_change()->set_reason(reason);
+  record.events->Append(std::move(event));
+  if (IsTerminal(to)) record.events->Close();
+  if (listener_ != nullptr) listener_->OnStateChange(from, to);
+}
+
+absl::StatusOr<Job> JobRegistry::Submit(const ferry::v1::JobSpec& submitted,
+                                        const ferry::v1::JobSpec& resolved,
+                                        const std::string& request_id) {
+  const std::string submitted_bytes = DeterministicBytes(submitted);
+  absl::MutexLock lock(&mu_);
+  if (draining_) {
+    return absl::UnavailableError(
+        absl::StrCat("the daemon is shutting down (", drain_reason_, "); submit again later"));
+  }
+  if (!request_id.empty()) {
+    auto it = by_request_id_.find(request_id);
+    if (it != by_request_id_.end()) {
+      const Record* existing = Find(it->second);
+      if (existing->submitted_spec == submitted_bytes) return existing->job;
+      return absl::AlreadyExistsError(absl::StrCat(
+          "request_id: '", request_id, "' was already used for job ", it->second,
+          " with a different spec; use a new request_id"));
+    }
+  }
+  if (pending_.size() >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the queue is full (", options_.max_queued_jobs,
+        " pending jobs); wait for jobs to finish or cancel some"));
+  }
+  const std::string id = NewId();
+  Record& record = jobs_[id];
+  record.job.set_id(id);
+  *record.job.mutable_spec() = resolved;
+  record.job.set_request_id(request_id);
+  record.job.mutable_progress()->set_total_steps(resolved.train().steps());
+  ToProtoTime(absl::Now(), record.job.mutable_create_time());
+  record.submitted_spec = submitted_bytes;
+  record.order = next_order_++;
+  record.events = std::make_shared<EventBuffer>(options_.event_buffer_events);
+  record.stop = std::make_shared<StopSignal>();
+  by_order_[record.order] = id;
+  if (!request_id.empty()) by_request_id_[request_id] = id;
+  pending_.push_back(id);
+  SetState(record, ferry::v1::JOB_STATE_PENDING, "");
+  return record.job;
+}
+
+absl::StatusOr<Job> JobRegistry::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  const Record* record = Find(id);
+  if (record == nullptr) return NotFound(id);
+  return record->job;
+}
+
+absl::StatusOr<JobRegistry::Page> JobRegistry::List(size_t page_size, const std::string& page_token,
+                                                    const std::vector<JobState>& states) const {
+  uint64_t after = 0;
+  if (!page_token.empty() && !ParsePageToken(page_token, &after)) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token from a previous ListJobs reply; leave it empty for the first page");
+  }
+  absl::MutexLock lock(&mu_);
+  Page page;
+  for (auto it = by_order_.upper_bound(after); it != by_order_.end(); ++it) {
+    const Job& job = jobs_.at(it->second).job;
+    if (!states.empty() && std::find(states.begin(), states.end(), job.state()) == states.end()) {
+      continue;
+    }
+    if (page.jobs.size() == page_size) {
+      page.next_page_token = PageToken(std::prev(it)->first);
+      break;
+    }
+    page.jobs.push_back(job);
+  }
+  return page;
+}
+
+absl::StatusOr<Job> JobRegistry::Cancel(const std::string& id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr) return NotFound(id);
+  switch (record->job.state()) {
+    case ferry::v1::JOB_STATE_PENDING:
+      pending_.erase(std::find(pending_.begin(), pending_.end(), id));
+      SetState(*record, ferry::v1::JOB_STATE_CANCELLED, reason);
+      break;
+    case ferry::v1::JOB_STATE_RUNNING:
+      record->stop->Request(reason);
+      record->job.set_cancel_requested(true);
+      break;
+    default:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " has already ended (", StateName(record->job.state()),
+          "); only pending or running jobs can be cancelled"));
+  }
+  return record->job;
+}
+
+std::optional<RunnableJob> JobRegistry::TakeNext(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return draining_ || !pending_.empty(); };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (draining_ || pending_.empty()) return std::nullopt;
+  const std::string id = pending_.front();
+  pending_.pop_front();
+  Record& record = jobs_.at(id);
+  SetState(record, ferry::v1::JOB_STATE_RUNNING, "");
+  return RunnableJob{id, record.job.spec(), record.stop};
+}
+
+void JobRegistry::RecordStarted(const std::string& id, const std::string& device) {
+  absl::MutexLock lock(&mu_);
+  if (Record* record = Find(id)) record->job.set_device(device);
+}
+
+void JobRegistry::RecordProgress(const std::string& id, const ferry::v1::Progress& progress) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr || record->job.state() != ferry::v1::JOB_STATE_RUNNING) return;
+  const uint64_t previous_tokens = record->job.progress().tokens();
+  *record->job.mutable_progress() = progress;
+  if (!record->job.has_initial_loss()) record->job.set_initial_loss(progress.loss());
+  JobEvent event;
+  *event.mutable_progress() = progress;
+  record->events->Append(std::move(event));
+  if (listener_ != nullptr) {
+    listener_->OnProgress(progress,
+                          progress.tokens() > previous_tokens ? progress.tokens() - previous_tokens : 0);
+  }
+}
+
+void JobRegistry::AppendLog(const std::string& id, ferry::v1::Severity severity,
+                            const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr) return;
+  JobEvent event;
+  event.mutable_log()->set_severity(severity);
+  event.mutable_log()->set_message(message);
+  record->events->Append(std::move(event));
+}
+
+void JobRegistry::Finish(const std::string& id, JobState state, const std::string& error) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr || IsTerminal(record->job.state())) return;
+  SetState(*record, state, error);
+}
+
+JobRegistry::Watch::Watch(JobRegistry* registry, std::string id, Job snapshot,
+                          uint64_t snapshot_seq, std::shared_ptr<const EventBuffer> events)
+    : registry_(registry),
+      id_(std::move(id)),
+      snapshot_(std::move(snapshot)),
+      snapshot_seq_(snapshot_seq),
+      events_(std::move(events)) {}
+
+JobRegistry::Watch::~Watch() { registry_->ReleaseWatcher(id_); }
+
+void JobRegistry::ReleaseWatcher(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  if (Record* record = Find(id)) --record->watchers;
+}
+
+absl::StatusOr<std::unique_ptr<JobRegistry::Watch>> JobRegistry::StartWatch(const std::string& id,
+                                                                           uint64_t after_seq) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr) return NotFound(id);
+  const uint64_t last = record->events->last_seq();
+  if (after_seq > last) {
+    return absl::OutOfRangeError(absl::StrCat("after_seq: ", after_seq,
+                                              " is beyond the job's last event (", last,
+                                              "); use 0 or a seq this job sent"));
+  }
+  if (after_seq > 0 && after_seq + 1 < record->events->first_seq()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "after_seq: events after ", after_seq,
+        " were dropped from the job's event buffer; watch again with after_seq=0"));
+  }
+  if (record->watchers >= options_.max_watchers_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", id, " already has ", record->watchers, " watchers, the most allowed"));
+  }
+  ++record->watchers;
+  return std::make_unique<Watch>(this, id, record->job, last, record->events);
+}
+
+void JobRegistry::BeginDrain(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  drain_reason_ = reason;
+  for (auto& [id, record] : jobs_) {
+    if (record.job.state() == ferry::v1::JOB_STATE_RUNNING) record.stop->Request(reason);
+  }
+}
+
+bool JobRegistry::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
+std::map<JobState, size_t> JobRegistry::CountByState() const {
+  absl::MutexLock lock(&mu_);
+  std::map<JobState, size_t> counts;
+  for (const auto& [id, record] : jobs_) ++counts[record.job.state()];
+  return counts;
+}
+
+}  // namespace ferry

@@ -1,0 +1,171 @@
+#pragma once
+
+// The daemon's jobs: their records, the FIFO queue of pending ones, their
+// event streams, and the state machine between them.
+//
+//   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+//   PENDING -> CANCELLED
+//
+// Thread-safe. Every state change and progress report is appended to the
+// job's EventBuffer under the registry's lock, so a snapshot and the seq it
+// reflects always agree.
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ferry/v1/job.pb.h"
+#include "ferry/v1/spec.pb.h"
+#include "server/jobs/event_buffer.h"
+#include "server/jobs/job_listener.h"
+#include "server/jobs/stop_signal.h"
+
+namespace ferry {
+
+struct JobRegistryOptions {
+  // Pending jobs allowed at once; more are RESOURCE_EXHAUSTED. Default 1000.
+  size_t max_queued_jobs = 1000;
+  // Events kept per job for watchers that resume. Default 4096.
+  size_t event_buffer_events = 4096;
+  // Concurrent watchers of one job; more are RESOURCE_EXHAUSTED. Default 256.
+  size_t max_watchers_per_job = 256;
+};
+
+// A job handed to the runner.
+struct RunnableJob {
+  std::string id;
+  ferry::v1::JobSpec spec;
+  std::shared_ptr<StopSignal> stop;
+};
+
+class JobRegistry {
+ public:
+  // `listener` may be null; it must outlive the registry.
+  JobRegistry(JobRegistryOptions options, JobListener* listener);
+
+  // Enqueues a job in state PENDING. `submitted` is the spec as the client
+  // sent it (compared for request_id reuse), `resolved` the spec that runs.
+  // A request_id seen before with the same `submitted` spec returns that job;
+  // with another spec, ALREADY_EXISTS. RESOURCE_EXHAUSTED when the queue is
+  // full, UNAVAILABLE once draining.
+  absl::StatusOr<ferry::v1::Job> Submit(const ferry::v1::JobSpec& submitted,
+                                        const ferry::v1::JobSpec& resolved,
+                                        const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<ferry::v1::Job> Get(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Page {
+    std::vector<ferry::v1::Job> jobs;
+    std::string next_page_token;
+  };
+  // Jobs in submission order. INVALID_ARGUMENT for a page token that did not
+  // come from List.
+  absl::StatusOr<Page> List(size_t page_size, const std::string& page_token,
+                            const std::vector<ferry::v1::JobState>& states) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A pending job is cancelled at once; a running one is asked to stop and
+  // is returned still RUNNING, with cancel_requested set. FAILED_PRECONDITION
+  // for a job that has ended, NOT_FOUND for an unknown id.
+  absl::StatusOr<ferry::v1::Job> Cancel(const std::string& id, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- For the runner. ---
+
+  // Waits up to `timeout` for a pending job, marks it RUNNING and returns it.
+  // nullopt on timeout or once draining.
+  std::optional<RunnableJob> TakeNext(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker started on `device`.
+  void RecordStarted(const std::string& id, const std::string& device) ABSL_LOCKS_EXCLUDED(mu_);
+  void RecordProgress(const std::string& id, const ferry::v1::Progress& progress)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void AppendLog(const std::string& id, ferry::v1::Severity severity, const std::string& message)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a running job in `state` (SUCCEEDED, FAILED or CANCELLED) and closes
+  // its event stream.
+  void Finish(const std::string& id, ferry::v1::JobState state, const std::string& error)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- For watchers. ---
+
+  // A watcher's start: the job as of `snapshot_seq`, and its event buffer.
+  // Destroying it frees the watcher's slot.
+  class Watch {
+   public:
+    Watch(JobRegistry* registry, std::string id, ferry::v1::Job snapshot, uint64_t snapshot_seq,
+          std::shared_ptr<const EventBuffer> events);
+    ~Watch();
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+    const ferry::v1::Job& snapshot() const { return snapshot_; }
+    uint64_t snapshot_seq() const { return snapshot_seq_; }
+    const EventBuffer& events() const { return *events_; }
+
+   private:
+    JobRegistry* registry_;
+    std::string id_;
+    ferry::v1::Job snapshot_;
+    uint64_t snapshot_seq_;
+    std::shared_ptr<const EventBuffer> events_;
+  };
+  // NOT_FOUND for an unknown id, RESOURCE_EXHAUSTED when the job has too many
+  // watchers, OUT_OF_RANGE when `after_seq` is newer than the job's last
+  // event or its successors were dropped.
+  absl::StatusOr<std::unique_ptr<Watch>> StartWatch(const std::string& id, uint64_t after_seq)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- Lifecycle. ---
+
+  // Refuse new submissions (UNAVAILABLE) and stop handing out jobs; asks the
+  // running job to stop with `reason`.
+  void BeginDrain(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  bool draining() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Jobs per state, for GetDaemonInfo and tests.
+  std::map<ferry::v1::JobState, size_t> CountByState() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Record {
+    ferry::v1::Job job;
+    std::string submitted_spec;  // serialized, deterministic
+    uint64_t order = 0;          // submission order, for listing
+    std::shared_ptr<EventBuffer> events;
+    std::shared_ptr<StopSignal> stop;
+    size_t watchers = 0;
+  };
+
+  Record* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Record* Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotFound(const std::string& id) const;
+  void SetState(Record& record, ferry::v1::JobState to, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseWatcher(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const JobRegistryOptions options_;
+  JobListener* const listener_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Record> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> by_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  std::mt19937_64 id_rng_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::string drain_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry

@@ -1,0 +1,53 @@
+#include "server/jobs/job_runner.h"
+
+#include <glog/logging.h>
+
+#include "server/common/enum_names.h"
+
+namespace ferry {
+namespace {
+
+// Forwards what the executor reports to the job's record.
+class RegistryListener : public RunListener {
+ public:
+  RegistryListener(JobRegistry* registry, std::string id) : registry_(registry), id_(std::move(id)) {}
+  void OnStarted(const std::string& device) override { registry_->RecordStarted(id_, device); }
+  void OnProgress(const ferry::v1::Progress& progress) override {
+    registry_->RecordProgress(id_, progress);
+  }
+  void OnLog(ferry::v1::Severity severity, const std::string& message) override {
+    registry_->AppendLog(id_, severity, message);
+  }
+
+ private:
+  JobRegistry* registry_;
+  std::string id_;
+};
+
+}  // namespace
+
+JobRunner::JobRunner(JobRegistry* registry, JobExecutor* executor)
+    : registry_(registry), executor_(executor) {}
+
+JobRunner::~JobRunner() { Join(); }
+
+void JobRunner::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void JobRunner::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void JobRunner::Loop() {
+  while (!registry_->draining()) {
+    std::optional<RunnableJob> job = registry_->TakeNext(absl::Seconds(1));
+    if (!job) continue;
+    LOG(INFO) << "job " << job->id << " starting";
+    RegistryListener listener(registry_, job->id);
+    RunOutcome outcome = executor_->Run(job->id, job->spec, *job->stop, &listener);
+    LOG(INFO) << "job " << job->id << " " << StateName(outcome.state)
+              << (outcome.error.empty() ? "" : ": " + outcome.error);
+    registry_->Finish(job->id, outcome.state, outcome.error);
+  }
+}
+
+}  // namespace ferry
