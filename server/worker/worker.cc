@@ -1,0 +1,223 @@
+#include "server/worker/worker.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/data/synthetic_source.h"
+#include "engine/data/token_file_source.h"
+#include "engine/device/device.h"
+#include "engine/train/trainer.h"
+#include "ferry/internal/worker.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "server/spec/job_file.h"
+#include "server/spec/spec_defaults.h"
+#include "server/spec/spec_validator.h"
+#include "engine/common/host_info.h"
+#include "server/worker/frame.h"
+
+namespace ferry {
+namespace {
+
+using ferry::internal::Finished;
+using ferry::internal::WorkerReport;
+
+// Set from signal handlers (SIGTERM, SIGINT): the only state a handler may
+// touch is a lock-free atomic with static storage.
+std::atomic<bool> g_signal_stop{false};
+
+void OnStopSignal(int) { g_signal_stop.store(true); }
+
+// Reports to the daemon over frames, or to a person on stdout.
+class Reporter : public TrainingObserver {
+ public:
+  explicit Reporter(int report_fd) : report_fd_(report_fd) {}
+
+  void Send(const WorkerReport& report) {
+    if (report_fd_ < 0) return;
+    absl::MutexLock lock(&mu_);
+    (void)WriteFrame(report_fd_, report);  // a gone daemon shows up as a stop
+  }
+
+  void OnStarted(const TrainingStarted& started) override {
+    WorkerReport report;
+    report.mutable_started()->set_device(started.device);
+    report.mutable_started()->set_parameters(static_cast<uint64_t>(started.parameters));
+    Send(report);
+    if (report_fd_ < 0) {
+      std::printf("training %lld parameters on %s for %lld steps\n",
+                  static_cast<long long>(started.parameters), started.device.c_str(),
+                  static_cast<long long>(started.total_steps));
+      std::fflush(stdout);
+    }
+  }
+
+  void OnStep(const StepReport& r) override {
+    if (report_fd_ < 0) {
+      if (r.step == 1 || r.step == r.total_steps || r.step % 10 == 0) {
+        std::printf("step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.3f s/step\n",
+                    static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
+                    r.lr, r.tokens_per_second, r.step_seconds);
+        std::fflush(stdout);
+      }
+      return;
+    }
+    WorkerReport report;
+    ferry::v1::Progress* p = report.mutable_progress();
+    p->set_step(static_cast<uint64_t>(r.step));
+    p->set_total_steps(static_cast<uint64_t>(r.total_steps));
+    p->set_loss(r.loss);
+    p->set_tokens_per_second(r.tokens_per_second);
+    p->set_step_seconds(r.step_seconds);
+    p->set_device_memory_bytes(r.device_memory_bytes);
+    p->set_host_memory_bytes(r.host_memory_bytes);
+    p->set_lr(r.lr);
+    p->set_grad_norm(r.grad_norm);
+    p->set_tokens(static_cast<uint64_t>(r.tokens));
+    p->set_elapsed_seconds(r.elapsed_seconds);
+    for (const MemoryUsage& m : r.memory) {
+      ferry::v1::MemoryUsage* out = p->add_memory();
+      out->set_tier(m.tier);
+      out->set_kind(m.kind);
+      out->set_bytes(m.bytes);
+    }
+    for (const MemoryUsage& m : r.capacity) {
+      ferry::v1::MemoryUsage* out = p->add_capacity();
+      out->set_tier(m.tier);
+      out->set_bytes(m.bytes);
+    }
+    Send(report);
+  }
+
+  void OnLog(LogLevel level, const std::string& message) override {
+    if (report_fd_ < 0) {
+      std::fprintf(stderr, "%s\n", message.c_str());
+      return;
+    }
+    WorkerReport report;
+    report.mutable_log()->set_severity(level == LogLevel::kError     ? ferry::v1::SEVERITY_ERROR
+                                       : level == LogLevel::kWarning ? ferry::v1::SEVERITY_WARNING
+                                                                     : ferry::v1::SEVERITY_INFO);
+    report.mutable_log()->set_message(message);
+    Send(report);
+  }
+
+  bool StopRequested() override { return stop_.load() || g_signal_stop.load(); }
+
+  void RequestStop() { stop_.store(true); }
+
+  void Finish(Finished::Outcome outcome, const std::string& error) {
+    WorkerReport report;
+    report.mutable_finished()->set_outcome(outcome);
+    report.mutable_finished()->set_error(error);
+    Send(report);
+  }
+
+ private:
+  const int report_fd_;
+  absl::Mutex mu_;  // serialises frames on report_fd_
+  std::atomic<bool> stop_{false};
+};
+
+// Reads commands until end of file; a Stop command or EOF asks the trainer
+// to stop after its current step.
+void ReadCommands(int fd, Reporter* reporter) {
+  FrameReader reader;
+  std::string payload;
+  for (;;) {
+    absl::StatusOr<bool> got = reader.ReadFrom(fd, &payload);
+    if (!got.ok() || !*got) {
+      reporter->RequestStop();
+      return;
+    }
+    ferry::internal::WorkerCommand command;
+    if (command.ParseFromString(payload) && command.has_stop()) reporter->RequestStop();
+  }
+}
+
+int Fail(Reporter& reporter, const absl::Status& status, int code) {
+  std::fprintf(stderr, "ferry-worker: %s\n", std::string(status.message()).c_str());
+  reporter.Finish(Finished::OUTCOME_FAILED, std::string(status.message()));
+  return code;
+}
+
+absl::StatusOr<std::unique_ptr<TokenSource>> MakeSource(const ferry::v1::JobSpec& spec) {
+  const ferry::v1::DataSpec& data = spec.data();
+  if (data.has_synthetic()) {
+    return std::unique_ptr<TokenSource>(std::make_unique<SyntheticSource>(
+        spec.model().vocab_size(), data.synthetic().branching(), data.synthetic().seed(),
+        spec.train().seed()));
+  }
+  absl::StatusOr<std::unique_ptr<TokenFileSource>> file = TokenFileSource::Open(
+      data.path(), spec.model().vocab_size(), int64_t{spec.model().seq_len()} + 1, spec.train().seed());
+  if (!file.ok()) return file.status();
+  return std::unique_ptr<TokenSource>(std::move(*file));
+}
+
+}  // namespace
+
+int RunWorker(const WorkerOptions& options) {
+  signal(SIGTERM, OnStopSignal);
+  signal(SIGINT, OnStopSignal);
+  signal(SIGPIPE, SIG_IGN);
+  Reporter reporter(options.report_fd);
+  if (options.report_fd >= 0) {
+    std::thread(ReadCommands, options.command_fd, &reporter).detach();
+  }
+
+  absl::StatusOr<ferry::v1::JobSpec> parsed = LoadJobFile(options.spec_path);
+  if (!parsed.ok()) return Fail(reporter, parsed.status(), kWorkerBadUsage);
+  absl::StatusOr<ferry::v1::JobSpec> spec = WithDefaults(*parsed);
+  if (!spec.ok()) return Fail(reporter, spec.status(), kWorkerBadUsage);
+  MachineFacts machine;
+  machine.host_memory_bytes = HostMemoryTotalBytes();
+  if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
+    return Fail(reporter, s, kWorkerBadUsage);
+  }
+  absl::StatusOr<c10::Device> device = ResolveDevice(options.device);
+  if (!device.ok()) return Fail(reporter, device.status(), kWorkerBadUsage);
+  absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec);
+  if (!source.ok()) return Fail(reporter, source.status(), kWorkerFailed);
+
+  if (spec->has_checkpoint() && !spec->checkpoint().dir().empty()) {
+    reporter.OnLog(LogLevel::kWarning,
+                   "checkpoint: settings accepted, but this release writes no checkpoints");
+  }
+  Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), std::move(*source),
+                  *device, &reporter);
+  const absl::Status status = trainer.Run();
+  if (status.ok()) {
+    reporter.Finish(Finished::OUTCOME_SUCCEEDED, "");
+    return kWorkerSucceeded;
+  }
+  if (absl::IsCancelled(status)) {
+    reporter.Finish(Finished::OUTCOME_CANCELLED, std::string(status.message()));
+    if (options.report_fd < 0) std::printf("%s\n", std::string(status.message()).c_str());
+    return kWorkerCancelled;
+  }
+  return Fail(reporter, status, kWorkerFailed);
+}
+
+int RunProbe() {
+  ferry::internal::DeviceProbe probe;
+  for (const DeviceDescription& d : ProbeDevices()) {
+    ferry::v1::Device* out = probe.add_devices();
+    out->set_kind(d.kind);
+    out->set_name(d.name);
+    out->set_description(d.description);
+    out->set_memory_bytes(d.memory_bytes);
+  }
+  probe.set_torch_version(TorchVersion());
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(probe, &json).ok()) return kWorkerFailed;
+  std::printf("%s\n", json.c_str());
+  return kWorkerSucceeded;
+}
+
+}  // namespace ferry
