@@ -1,0 +1,160 @@
+#include "server/api/ferry_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/api/grpc_status.h"
+#include "server/common/proto_time.h"
+#include "server/spec/spec_defaults.h"
+
+namespace ferry {
+namespace {
+
+constexpr size_t kMaxRequestIdLength = 128;
+constexpr size_t kMaxJobIdLength = 64;
+constexpr uint32_t kDefaultPageSize = 100;
+constexpr uint32_t kMaxPageSize = 1000;
+// Events sent per read of the buffer.
+constexpr size_t kWatchBatch = 256;
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+grpc::Status CheckJobId(const std::string& id) {
+  if (id.empty()) return Invalid("job_id: is empty; give a job id such as j-5f2c9a1e");
+  if (id.size() > kMaxJobIdLength) return Invalid("job_id: too long to be a job id");
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+FerryService::FerryService(JobRegistry* registry, FerryServiceOptions options)
+    : registry_(registry), options_(options) {}
+
+void FerryService::SetReady(const ferry::v1::DaemonInfo& info) {
+  absl::MutexLock lock(&mu_);
+  info_ = info;
+  ready_ = true;
+}
+
+void FerryService::BeginShutdown() { shutting_down_.store(true); }
+
+grpc::Status FerryService::CheckReady() const {
+  absl::MutexLock lock(&mu_);
+  if (!ready_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the daemon is starting (probing its devices); retry in a moment");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status FerryService::SubmitJob(grpc::ServerContext*, const ferry::v1::SubmitJobRequest* request,
+                                     ferry::v1::Job* response) {
+  if (grpc::Status s = CheckReady(); !s.ok()) return s;
+  if (request->request_id().size() > kMaxRequestIdLength) {
+    return Invalid(absl::StrCat("request_id: ", request->request_id().size(),
+                                " characters; use at most ", kMaxRequestIdLength));
+  }
+  absl::StatusOr<ferry::v1::JobSpec> resolved = WithDefaults(request->spec());
+  if (!resolved.ok()) return ToGrpcStatus(resolved.status());
+  if (absl::Status s = ValidateSpec(*resolved, options_.machine); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<ferry::v1::Job> job =
+      registry_->Submit(request->spec(), *resolved, request->request_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *job;
+  return grpc::Status::OK;
+}
+
+grpc::Status FerryService::GetJob(grpc::ServerContext*, const ferry::v1::GetJobRequest* request,
+                                  ferry::v1::Job* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<ferry::v1::Job> job = registry_->Get(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *job;
+  return grpc::Status::OK;
+}
+
+grpc::Status FerryService::ListJobs(grpc::ServerContext*, const ferry::v1::ListJobsRequest* request,
+                                    ferry::v1::ListJobsResponse* response) {
+  const uint32_t page_size = request->page_size() == 0
+                                 ? kDefaultPageSize
+                                 : std::min(request->page_size(), kMaxPageSize);
+  std::vector<ferry::v1::JobState> states;
+  for (int s : request->states()) states.push_back(static_cast<ferry::v1::JobState>(s));
+  absl::StatusOr<JobRegistry::Page> page = registry_->List(page_size, request->page_token(), states);
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (ferry::v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status FerryService::CancelJob(grpc::ServerContext*, const ferry::v1::CancelJobRequest* request,
+                                     ferry::v1::Job* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<ferry::v1::Job> job = registry_->Cancel(request->job_id(), "cancelled by request");
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *job;
+  return grpc::Status::OK;
+}
+
+grpc::Status FerryService::WatchJob(grpc::ServerContext* context,
+                                    const ferry::v1::WatchJobRequest* request,
+                                    grpc::ServerWriter<ferry::v1::JobEvent>* writer) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<JobRegistry::Watch>> watch =
+      registry_->StartWatch(request->job_id(), request->after_seq());
+  if (!watch.ok()) return ToGrpcStatus(watch.status());
+  const EventBuffer& events = (*watch)->events();
+
+  ferry::v1::JobEvent first;
+  first.set_seq((*watch)->snapshot_seq());
+  ToProtoTime(absl::Now(), first.mutable_time());
+  *first.mutable_snapshot() = (*watch)->snapshot();
+  if (!writer->Write(first)) return grpc::Status::CANCELLED;
+
+  uint64_t cursor = request->after_seq() == 0 ? (*watch)->snapshot_seq() : request->after_seq();
+  absl::Time last_write = absl::Now();
+  std::vector<ferry::v1::JobEvent> batch;
+  for (;;) {
+    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    batch.clear();
+    if (absl::Status s = events.ReadAfter(cursor, kWatchBatch, &batch); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    for (const ferry::v1::JobEvent& event : batch) {
+      if (!writer->Write(event)) return grpc::Status::CANCELLED;
+      cursor = event.seq();
+      last_write = absl::Now();
+    }
+    if (!batch.empty()) continue;
+    if (events.closed()) return grpc::Status::OK;  // the job has ended; all sent
+    if (shutting_down_.load()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the daemon is shutting down; watch again with after_seq=",
+                                       cursor, " once it is back"));
+    }
+    const absl::Duration until_heartbeat = options_.heartbeat_interval - (absl::Now() - last_write);
+    if (until_heartbeat <= absl::ZeroDuration()) {
+      ferry::v1::JobEvent heartbeat;
+      heartbeat.set_seq(cursor);
+      ToProtoTime(absl::Now(), heartbeat.mutable_time());
+      heartbeat.mutable_heartbeat();
+      if (!writer->Write(heartbeat)) return grpc::Status::CANCELLED;
+      last_write = absl::Now();
+      continue;
+    }
+    // Wake at least every 200 ms to notice cancellation and shutdown.
+    events.WaitForEventsAfter(cursor, std::min(until_heartbeat, absl::Milliseconds(200)));
+  }
+}
+
+grpc::Status FerryService::GetDaemonInfo(grpc::ServerContext*, const ferry::v1::GetDaemonInfoRequest*,
+                                         ferry::v1::DaemonInfo* response) {
+  if (grpc::Status s = CheckReady(); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  *response = info_;
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry

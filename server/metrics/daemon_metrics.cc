@@ -1,0 +1,124 @@
+#include "server/metrics/daemon_metrics.h"
+
+#include "server/common/enum_names.h"
+
+namespace ferry {
+namespace {
+
+const char* const kTiers[] = {"device", "host"};
+const char* const kKinds[] = {"params", "grads", "optimizer_states", "non_model"};
+
+bool IsTerminal(ferry::v1::JobState s) {
+  return s == ferry::v1::JOB_STATE_SUCCEEDED || s == ferry::v1::JOB_STATE_FAILED ||
+         s == ferry::v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torch_version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      version_(version),
+      jobs_(prometheus::BuildGauge()
+                .Name("ferry_jobs")
+                .Help("Jobs known to the daemon, by state.")
+                .Register(*registry_)),
+      jobs_finished_(prometheus::BuildCounter()
+                         .Name("ferry_jobs_finished_total")
+                         .Help("Jobs that reached a final state, by that state.")
+                         .Register(*registry_)),
+      step_duration_(prometheus::BuildHistogram()
+                         .Name("ferry_step_duration_seconds")
+                         .Help("Wall time of one training step (forward, backward, optimizer).")
+                         .Register(*registry_)
+                         .Add({}, prometheus::Histogram::BucketBoundaries{
+                                      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                                      30, 60, 120})),
+      steps_(prometheus::BuildCounter()
+                 .Name("ferry_steps_total")
+                 .Help("Training steps completed.")
+                 .Register(*registry_)
+                 .Add({})),
+      tokens_(prometheus::BuildCounter()
+                  .Name("ferry_tokens_total")
+                  .Help("Training tokens processed.")
+                  .Register(*registry_)
+                  .Add({})),
+      loss_(prometheus::BuildGauge()
+                .Name("ferry_loss")
+                .Help("Training loss of the latest step, in nats per token.")
+                .Register(*registry_)
+                .Add({})),
+      learning_rate_(prometheus::BuildGauge()
+                         .Name("ferry_learning_rate")
+                         .Help("Learning rate of the latest step.")
+                         .Register(*registry_)
+                         .Add({})),
+      tokens_per_second_(prometheus::BuildGauge()
+                             .Name("ferry_tokens_per_second")
+                             .Help("Throughput of the latest step.")
+                             .Register(*registry_)
+                             .Add({})),
+      memory_(prometheus::BuildGauge()
+                  .Name("ferry_memory_bytes")
+                  .Help("Memory in use by the running job, by tier and kind of data.")
+                  .Register(*registry_)),
+      capacity_(prometheus::BuildGauge()
+                    .Name("ferry_memory_capacity_bytes")
+                    .Help("Memory available, by tier.")
+                    .Register(*registry_)),
+      build_info_(prometheus::BuildGauge()
+                      .Name("ferry_build_info")
+                      .Help("Always 1; labels give the daemon and LibTorch versions.")
+                      .Register(*registry_)) {
+  for (int s = ferry::v1::JOB_STATE_PENDING; s <= ferry::v1::JOB_STATE_CANCELLED; ++s) {
+    const auto state = static_cast<ferry::v1::JobState>(s);
+    jobs_.Add({{"state", StateName(state)}});
+    if (IsTerminal(state)) jobs_finished_.Add({{"state", StateName(state)}});
+  }
+  for (const char* tier : kTiers) {
+    for (const char* kind : kKinds) MemoryGauge(tier, kind);
+  }
+  SetTorchVersion(torch_version);
+}
+
+prometheus::Gauge& DaemonMetrics::MemoryGauge(const std::string& tier, const std::string& kind) {
+  return memory_.Add({{"tier", tier}, {"kind", kind}});
+}
+
+void DaemonMetrics::SetCapacity(const std::string& tier, uint64_t bytes) {
+  capacity_.Add({{"tier", tier}}).Set(static_cast<double>(bytes));
+}
+
+void DaemonMetrics::SetTorchVersion(const std::string& torch_version) {
+  if (build_info_series_ != nullptr) build_info_.Remove(build_info_series_);
+  build_info_series_ = &build_info_.Add({{"version", version_}, {"torch_version", torch_version}});
+  build_info_series_->Set(1);
+}
+
+void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) {
+  if (from != ferry::v1::JOB_STATE_UNSPECIFIED) jobs_.Add({{"state", StateName(from)}}).Decrement();
+  jobs_.Add({{"state", StateName(to)}}).Increment();
+  if (IsTerminal(to)) jobs_finished_.Add({{"state", StateName(to)}}).Increment();
+  if (from == ferry::v1::JOB_STATE_RUNNING) {
+    // The job's memory is released with its worker.
+    for (const char* tier : kTiers) {
+      for (const char* kind : kKinds) MemoryGauge(tier, kind).Set(0);
+    }
+    tokens_per_second_.Set(0);
+  }
+}
+
+void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) {
+  step_duration_.Observe(progress.step_seconds());
+  steps_.Increment();
+  tokens_.Increment(static_cast<double>(new_tokens));
+  loss_.Set(progress.loss());
+  learning_rate_.Set(progress.lr());
+  tokens_per_second_.Set(progress.tokens_per_second());
+  for (const ferry::v1::MemoryUsage& m : progress.memory()) {
+    MemoryGauge(m.tier(), m.kind()).Set(static_cast<double>(m.bytes()));
+  }
+  for (const ferry::v1::MemoryUsage& c : progress.capacity()) SetCapacity(c.tier(), c.bytes());
+}
+
+}  // namespace ferry

@@ -1,0 +1,53 @@
+#pragma once
+
+// The daemon's Prometheus metrics. Only this package registers prometheus-cpp
+// families; everything else reports through JobListener or these methods.
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "server/jobs/job_listener.h"
+
+namespace ferry {
+
+class DaemonMetrics : public JobListener {
+ public:
+  // `version`, `torch_version`: labels of ferry_build_info.
+  DaemonMetrics(const std::string& version, const std::string& torch_version);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Capacity of a memory tier ("device", "host").
+  void SetCapacity(const std::string& tier, uint64_t bytes);
+  // The LibTorch version, once the worker probe has told it.
+  void SetTorchVersion(const std::string& torch_version);
+
+  void OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) override;
+  void OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) override;
+
+ private:
+  prometheus::Gauge& MemoryGauge(const std::string& tier, const std::string& kind);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::string version_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Counter>& jobs_finished_;
+  prometheus::Histogram& step_duration_;
+  prometheus::Counter& steps_;
+  prometheus::Counter& tokens_;
+  prometheus::Gauge& loss_;
+  prometheus::Gauge& learning_rate_;
+  prometheus::Gauge& tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Family<prometheus::Gauge>& capacity_;
+  prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Gauge* build_info_series_ = nullptr;
+};
+
+}  // namespace ferry

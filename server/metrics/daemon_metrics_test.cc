@@ -1,0 +1,60 @@
+#include "server/metrics/daemon_metrics.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
+
+namespace ferry {
+namespace {
+
+std::string Scrape(const DaemonMetrics& metrics) {
+  return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+}
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line) != std::string::npos;
+}
+
+TEST(DaemonMetricsTest, JobStatesAreCountedAcrossTransitions) {
+  DaemonMetrics metrics("1.2.3", "1.13.1");
+  metrics.OnStateChange(ferry::v1::JOB_STATE_UNSPECIFIED, ferry::v1::JOB_STATE_PENDING);
+  metrics.OnStateChange(ferry::v1::JOB_STATE_UNSPECIFIED, ferry::v1::JOB_STATE_PENDING);
+  metrics.OnStateChange(ferry::v1::JOB_STATE_PENDING, ferry::v1::JOB_STATE_RUNNING);
+  metrics.OnStateChange(ferry::v1::JOB_STATE_RUNNING, ferry::v1::JOB_STATE_SUCCEEDED);
+  const std::string text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_jobs{state=\"pending\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_jobs{state=\"running\"} 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_jobs{state=\"succeeded\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_jobs_finished_total{state=\"succeeded\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_build_info{torch_version=\"1.13.1\",version=\"1.2.3\"} 1")) << text;
+}
+
+TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
+  DaemonMetrics metrics("v", "t");
+  ferry::v1::Progress p;
+  p.set_step_seconds(0.2);
+  p.set_loss(2.5);
+  ferry::v1::MemoryUsage* m = p.add_memory();
+  m->set_tier("host");
+  m->set_kind("params");
+  m->set_bytes(4096);
+  ferry::v1::MemoryUsage* c = p.add_capacity();
+  c->set_tier("host");
+  c->set_bytes(1 << 20);
+  metrics.OnProgress(p, 1000);
+  metrics.OnProgress(p, 24);
+  const std::string text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_tokens_total 1024")) << text;
+  EXPECT_TRUE(Has(text, "ferry_steps_total 2")) << text;
+  EXPECT_TRUE(Has(text, "ferry_loss 2.5")) << text;
+  EXPECT_TRUE(Has(text, "ferry_step_duration_seconds_count 2")) << text;
+  EXPECT_TRUE(Has(text, "ferry_step_duration_seconds_bucket{le=\"0.25\"} 2")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_bytes{kind=\"params\",tier=\"host\"} 4096")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_capacity_bytes{tier=\"host\"} 1048576")) << text;
+
+  metrics.OnStateChange(ferry::v1::JOB_STATE_RUNNING, ferry::v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_bytes{kind=\"params\",tier=\"host\"} 0"))
+      << "memory gauges drop when the job ends";
+}
+
+}  // namespace
+}  // namespace ferry
