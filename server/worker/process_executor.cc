@@ -3,18 +3,17 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "ferry/internal/worker.pb.h"
+#include "server/common/files.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/worker/frame.h"
 #include "server/worker/subprocess.h"
@@ -42,19 +41,6 @@ class Fd {
   int fd_;
 };
 
-absl::Status MakeDirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || (path[i] == '/' && i > 0)) {
-      partial = path.substr(0, i);
-      if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(absl::StrCat("mkdir ", partial, ": ", std::strerror(errno)));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 RunOutcome Failed(std::string error) { return {ferry::v1::JOB_STATE_FAILED, std::move(error)}; }
 
 }  // namespace
@@ -73,9 +59,9 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
     print.preserve_proto_field_names = true;
     print.add_whitespace = true;
     (void)google::protobuf::util::MessageToJsonString(spec, &json, print);
-    std::ofstream out(spec_path, std::ios::trunc);
-    out << json;
-    if (!out) return Failed(absl::StrCat("cannot write ", spec_path));
+    if (absl::Status s = WriteFileAtomically(spec_path, json); !s.ok()) {
+      return Failed(std::string(s.message()));
+    }
   }
 
   Fd log(open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));

@@ -1,0 +1,408 @@
+#include "client/cli.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <random>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/format.h"
+#include "engine/data/byte_tokenizer.h"
+#include "ferry/v1/ferry.grpc.pb.h"
+#include "server/common/enum_names.h"
+#include "server/spec/job_file.h"
+#include "server/spec/yaml_to_proto.h"
+
+namespace ferry {
+namespace {
+
+using ferry::v1::Job;
+using ferry::v1::JobEvent;
+using ferry::v1::JobState;
+
+bool IsTerminal(JobState s) {
+  return s == ferry::v1::JOB_STATE_SUCCEEDED || s == ferry::v1::JOB_STATE_FAILED ||
+         s == ferry::v1::JOB_STATE_CANCELLED;
+}
+
+int ExitCodeFor(JobState s) { return s == ferry::v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobFailed; }
+
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "ok", "cancelled", "unknown", "invalid argument", "deadline exceeded", "not found",
+      "already exists", "permission denied", "resource exhausted", "failed precondition",
+      "aborted", "out of range", "unimplemented", "internal", "unavailable", "data loss",
+      "unauthenticated"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "error";
+}
+
+class Cli {
+ public:
+  Cli(const CliOptions& options, std::ostream& out, std::ostream& err)
+      : options_(options), out_(out), err_(err) {}
+
+  int Run(const std::vector<std::string>& args);
+
+ private:
+  ferry::v1::Ferry::Stub& Stub() {
+    if (!stub_) {
+      stub_ = ferry::v1::Ferry::NewStub(
+          grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials()));
+    }
+    return *stub_;
+  }
+
+  void SetDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
+  }
+
+  // Prints the failed status as one line and returns the exit code.
+  int Report(const grpc::Status& status) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        status.error_message().find("shutting down") == std::string::npos &&
+        status.error_message().find("starting") == std::string::npos) {
+      err_ << "ferry: cannot reach ferryd at " << options_.address
+           << " (is it running? set --address or FERRY_ADDRESS): " << status.error_message() << "\n";
+      return kExitUnavailable;
+    }
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      err_ << "ferry: ferryd at " << options_.address << " did not answer within "
+           << absl::FormatDuration(options_.timeout) << " (raise --timeout)\n";
+      return kExitUnavailable;
+    }
+    err_ << "ferry: " << CodeName(status.error_code()) << ": " << status.error_message() << "\n";
+    switch (status.error_code()) {
+      case grpc::StatusCode::INTERNAL:
+      case grpc::StatusCode::UNAVAILABLE:
+      case grpc::StatusCode::UNKNOWN:
+        return kExitUnavailable;
+      default:
+        return kExitUsage;
+    }
+  }
+
+  int Usage(const std::string& problem) {
+    err_ << "ferry: " << problem << "\n" << CliUsage();
+    return kExitUsage;
+  }
+
+  int Submit(const std::vector<std::string>& args);
+  int List(const std::vector<std::string>& args);
+  int Get(const std::vector<std::string>& args);
+  int Watch(const std::string& id, bool quiet_start);
+  int Cancel(const std::vector<std::string>& args);
+  int Info(const std::vector<std::string>& args);
+  int Data(const std::vector<std::string>& args);
+
+  const CliOptions& options_;
+  std::ostream& out_;
+  std::ostream& err_;
+  std::unique_ptr<ferry::v1::Ferry::Stub> stub_;
+};
+
+int Cli::Run(const std::vector<std::string>& args) {
+  if (args.empty()) return Usage("no command given");
+  const std::string& command = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (command == "submit") return Submit(rest);
+  if (command == "list") return List(rest);
+  if (command == "get") return Get(rest);
+  if (command == "watch") {
+    if (rest.size() != 1) return Usage("watch takes one job id");
+    return Watch(rest[0], false);
+  }
+  if (command == "cancel") return Cancel(rest);
+  if (command == "info") return Info(rest);
+  if (command == "data") return Data(rest);
+  if (command == "help") {
+    out_ << CliUsage();
+    return kExitOk;
+  }
+  return Usage(absl::StrCat("unknown command '", command, "'"));
+}
+
+int Cli::Submit(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("submit takes one job file");
+  absl::StatusOr<ferry::v1::JobSpec> spec = LoadJobFile(args[0], options_.overrides);
+  if (!spec.ok()) {
+    err_ << "ferry: " << spec.status().message() << "\n";
+    return kExitUsage;
+  }
+  ferry::v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  request.set_request_id(options_.request_id);
+  if (request.request_id().empty()) {
+    // Retrying this one submission can never create a second job.
+    std::random_device random;
+    request.set_request_id(absl::StrFormat("cli-%08x%08x", random(), random()));
+  }
+  Job job;
+  grpc::Status status;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    status = Stub().SubmitJob(&ctx, request, &job);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        status.error_message().find("shutting down") != std::string::npos) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(300 << attempt));
+  }
+  if (!status.ok()) return Report(status);
+  if (options_.json && !options_.wait) {
+    out_ << ToJson(job, true);
+  } else if (!options_.json) {
+    out_ << "submitted " << job.id() << (job.spec().name().empty() ? "" : " (" + job.spec().name() + ")")
+         << "\n";
+    out_.flush();
+  }
+  if (!options_.wait) return kExitOk;
+  return Watch(job.id(), true);
+}
+
+int Cli::List(const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("list takes no arguments (filter with --state)");
+  ferry::v1::ListJobsRequest request;
+  for (const std::string& name : options_.states) {
+    const auto* descriptor = ferry::v1::JobState_descriptor();
+    bool found = false;
+    for (int i = 0; i < descriptor->value_count(); ++i) {
+      if (descriptor->value(i)->number() != 0 && ShortEnumName(descriptor->value(i)) == absl::AsciiStrToLower(name)) {
+        request.add_states(static_cast<JobState>(descriptor->value(i)->number()));
+        found = true;
+      }
+    }
+    if (!found) return Usage(absl::StrCat("--state=", name, ": use pending, running, succeeded, failed or cancelled"));
+  }
+  std::vector<Job> jobs;
+  ferry::v1::ListJobsResponse all;
+  do {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ferry::v1::ListJobsResponse page;
+    grpc::Status status = Stub().ListJobs(&ctx, request, &page);
+    if (!status.ok()) return Report(status);
+    for (const Job& job : page.jobs()) {
+      if (static_cast<int>(jobs.size()) >= options_.limit) break;
+      jobs.push_back(job);
+      *all.add_jobs() = job;
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty() && static_cast<int>(jobs.size()) < options_.limit);
+  if (options_.json) {
+    out_ << ToJson(all, true);
+  } else {
+    out_ << JobTable(jobs, absl::Now());
+  }
+  return kExitOk;
+}
+
+int Cli::Get(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("get takes one job id");
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ferry::v1::GetJobRequest request;
+  request.set_job_id(args[0]);
+  Job job;
+  grpc::Status status = Stub().GetJob(&ctx, request, &job);
+  if (!status.ok()) return Report(status);
+  out_ << (options_.json ? ToJson(job, true) : JobDetails(job, absl::Now()));
+  return kExitOk;
+}
+
+int Cli::Watch(const std::string& id, bool quiet_start) {
+  const bool tty = !options_.json && &out_ == &std::cout && isatty(STDOUT_FILENO);
+  uint64_t after_seq = 0;
+  JobState state = ferry::v1::JOB_STATE_UNSPECIFIED;
+  ferry::v1::Progress last_progress;
+  absl::Time last_print = absl::InfinitePast();
+  absl::Time failing_since = absl::InfiniteFuture();
+  bool line_open = false;
+  std::string final_error;
+  auto end_line = [&] {
+    if (line_open) out_ << "\n";
+    line_open = false;
+  };
+  auto show_progress = [&](bool force) {
+    if (options_.json || last_progress.step() == 0) return;
+    const absl::Time now = absl::Now();
+    if (tty) {
+      out_ << "\r\033[K" << id << "  " << ProgressLine(last_progress);
+      out_.flush();
+      line_open = true;
+    } else if (force || now - last_print >= absl::Seconds(2)) {
+      out_ << id << "  " << ProgressLine(last_progress) << "\n";
+      out_.flush();
+      last_print = now;
+    }
+  };
+
+  for (;;) {
+    grpc::ClientContext ctx;
+    ferry::v1::WatchJobRequest request;
+    request.set_job_id(id);
+    request.set_after_seq(after_seq);
+    std::unique_ptr<grpc::ClientReader<JobEvent>> reader = Stub().WatchJob(&ctx, request);
+    JobEvent event;
+    while (reader->Read(&event)) {
+      failing_since = absl::InfiniteFuture();
+      if (options_.json) out_ << ToJson(event, false);
+      if (event.has_snapshot()) {
+        const Job& job = event.snapshot();
+        state = job.state();
+        if (job.progress().step() > 0) last_progress = job.progress();
+        final_error = job.error();
+        if (!options_.json && after_seq == 0 && !quiet_start) {
+          out_ << id << "  " << ShortState(state) << "\n";
+        }
+        if (after_seq == 0) after_seq = event.seq();
+        continue;
+      }
+      after_seq = event.seq();
+      switch (event.kind_case()) {
+        case JobEvent::kProgress:
+          last_progress = event.progress();
+          show_progress(false);
+          break;
+        case JobEvent::kStateChange: {
+          state = event.state_change().to();
+          final_error = event.state_change().reason();
+          if (!options_.json) {
+            if (IsTerminal(state)) show_progress(true);
+            end_line();
+            out_ << id << "  " << ShortState(state)
+                 << (final_error.empty() ? "" : ": " + final_error) << "\n";
+          }
+          break;
+        }
+        case JobEvent::kLog:
+          if (!options_.json) {
+            end_line();
+            out_ << id << "  " << event.log().message() << "\n";
+          }
+          break;
+        default:
+          break;
+      }
+    }
+    const grpc::Status status = reader->Finish();
+    if (status.ok()) {
+      end_line();
+      if (!options_.json && IsTerminal(state) && last_progress.step() > 0) {
+        out_ << absl::StrFormat("%s  final loss %.4f after %d steps\n", id, last_progress.loss(),
+                                last_progress.step());
+      }
+      return IsTerminal(state) ? ExitCodeFor(state) : kExitJobFailed;
+    }
+    if (status.error_code() == grpc::StatusCode::OUT_OF_RANGE) {
+      // Fell behind the buffer: start again from a fresh snapshot.
+      end_line();
+      if (!options_.json) err_ << "ferry: missed some events; resuming from the current state\n";
+      after_seq = 0;
+      continue;
+    }
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      end_line();
+      const absl::Time now = absl::Now();
+      if (failing_since == absl::InfiniteFuture()) {
+        failing_since = now;
+        if (!options_.json) err_ << "ferry: lost the connection to ferryd; reconnecting\n";
+      }
+      if (now - failing_since > options_.reconnect_for) return Report(status);
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
+    end_line();
+    return Report(status);
+  }
+}
+
+int Cli::Cancel(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("cancel takes one job id");
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ferry::v1::CancelJobRequest request;
+  request.set_job_id(args[0]);
+  Job job;
+  grpc::Status status = Stub().CancelJob(&ctx, request, &job);
+  if (!status.ok()) return Report(status);
+  if (options_.json) {
+    out_ << ToJson(job, true);
+  } else if (job.state() == ferry::v1::JOB_STATE_CANCELLED) {
+    out_ << job.id() << " cancelled\n";
+  } else {
+    out_ << job.id() << " is stopping after its current step\n";
+  }
+  return kExitOk;
+}
+
+int Cli::Info(const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("info takes no arguments");
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ferry::v1::DaemonInfo info;
+  grpc::Status status = Stub().GetDaemonInfo(&ctx, ferry::v1::GetDaemonInfoRequest(), &info);
+  if (!status.ok()) return Report(status);
+  out_ << (options_.json ? ToJson(info, true) : DaemonInfoText(info));
+  return kExitOk;
+}
+
+int Cli::Data(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "prepare") return Usage("use: ferry data prepare --out=FILE TEXT_FILE...");
+  const std::vector<std::string> inputs(args.begin() + 1, args.end());
+  if (inputs.empty()) return Usage("data prepare needs at least one text file");
+  if (options_.out_path.empty()) return Usage("data prepare needs --out=FILE");
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile(
+      inputs, options_.out_path, [&](const std::string& file, int64_t tokens) {
+        if (!options_.json) err_ << "  " << file << "  (" << tokens << " tokens so far)\n";
+      });
+  if (!stats.ok()) {
+    err_ << "ferry: " << stats.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (options_.json) {
+    out_ << absl::StrFormat("{\"path\": \"%s\", \"files\": %d, \"tokens\": %d, \"vocab_size\": %d}\n",
+                            options_.out_path, stats->files, stats->tokens, kByteVocabSize);
+  } else {
+    out_ << absl::StrFormat("wrote %d tokens from %d files to %s (byte-level, vocab_size %d)\n",
+                            stats->tokens, stats->files, options_.out_path, kByteVocabSize);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunCli(const std::vector<std::string>& args, const CliOptions& options, std::ostream& out,
+           std::ostream& err) {
+  return Cli(options, out, err).Run(args);
+}
+
+std::string CliUsage() {
+  return R"(usage: ferry [--address=HOST:PORT] [-o json] COMMAND ...
+
+  submit FILE [--wait] [--set=FIELD=VALUE,...]   submit a job file; --wait watches it to the end
+  list [--state=running,...]                      list jobs
+  get ID                                          show one job
+  watch ID                                        follow a job's progress until it ends
+  cancel ID                                       cancel a pending or running job
+  info                                            show the daemon's version, devices and limits
+  data prepare --out=FILE TEXT_FILE...            tokenise text into a token file (byte-level)
+
+  --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)
+  -o json     print JSON instead of text
+  --timeout   seconds to wait for each answer (default 10)
+Exit codes: 0 ok, 1 the job failed or was cancelled, 2 bad usage or a refused request,
+3 ferryd unreachable.
+)";
+}
+
+}  // namespace ferry

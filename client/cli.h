@@ -1,0 +1,54 @@
+#pragma once
+
+// The `ferry` command line: each subcommand as a function of its arguments
+// and options, writing to the given streams and returning the exit code.
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace ferry {
+
+// Exit codes.
+inline constexpr int kExitOk = 0;
+// The job failed or was cancelled (submit --wait, watch).
+inline constexpr int kExitJobFailed = 1;
+// Bad usage or input the daemon refused.
+inline constexpr int kExitUsage = 2;
+// The daemon could not be reached or answered with an internal error.
+inline constexpr int kExitUnavailable = 3;
+
+struct CliOptions {
+  // ferryd's gRPC address.
+  std::string address = "127.0.0.1:50051";
+  // Print JSON (one object; NDJSON events for watch) instead of text.
+  bool json = false;
+  // submit: watch the job until it ends.
+  bool wait = false;
+  // submit: FIELD=VALUE assignments applied over the job file.
+  std::vector<std::string> overrides;
+  // submit: idempotency key; generated when empty.
+  std::string request_id;
+  // Deadline of each unary call.
+  absl::Duration timeout = absl::Seconds(10);
+  // list: only these states (short names); empty is all.
+  std::vector<std::string> states;
+  // list: at most this many jobs.
+  int limit = 1000;
+  // data prepare: the token file to write.
+  std::string out_path;
+  // watch: how long to keep trying to reconnect before giving up.
+  absl::Duration reconnect_for = absl::Minutes(2);
+};
+
+// `args` are the positional arguments after the program name, starting with
+// the subcommand.
+int RunCli(const std::vector<std::string>& args, const CliOptions& options, std::ostream& out,
+           std::ostream& err);
+
+// The usage text.
+std::string CliUsage();
+
+}  // namespace ferry

@@ -1,0 +1,153 @@
+#include "client/format.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "server/common/enum_names.h"
+#include "server/common/proto_time.h"
+#include "server/spec/size.h"
+
+namespace ferry {
+
+std::string ShortState(ferry::v1::JobState state) { return StateName(state); }
+
+std::string FormatClock(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "-";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+std::string FormatCount(double value) {
+  if (value >= 1e9) return absl::StrFormat("%.1fG", value / 1e9);
+  if (value >= 1e6) return absl::StrFormat("%.1fM", value / 1e6);
+  if (value >= 1e3) return absl::StrFormat("%.1fk", value / 1e3);
+  return absl::StrFormat("%.0f", value);
+}
+
+std::string ProgressLine(const ferry::v1::Progress& p) {
+  std::string line = absl::StrFormat("step %d/%d  loss %.4f  %s tok/s  %.3f s/step", p.step(),
+                                     p.total_steps(), p.loss(), FormatCount(p.tokens_per_second()),
+                                     p.step_seconds());
+  if (p.step() > 0 && p.total_steps() > p.step()) {
+    const double per_step = p.elapsed_seconds() / double(p.step());
+    absl::StrAppend(&line, "  ETA ", FormatClock(per_step * double(p.total_steps() - p.step())));
+  }
+  return line;
+}
+
+namespace {
+
+std::string Age(const google::protobuf::Timestamp& t, absl::Time now) {
+  if (t.seconds() == 0) return "-";
+  const double seconds = absl::ToDoubleSeconds(now - FromProtoTime(t));
+  if (seconds < 60) return absl::StrFormat("%ds", static_cast<int>(seconds));
+  if (seconds < 3600) return absl::StrFormat("%dm", static_cast<int>(seconds / 60));
+  if (seconds < 86400) return absl::StrFormat("%dh", static_cast<int>(seconds / 3600));
+  return absl::StrFormat("%dd", static_cast<int>(seconds / 86400));
+}
+
+std::string TimeText(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", FromProtoTime(t), absl::LocalTimeZone());
+}
+
+}  // namespace
+
+std::string JobTable(const std::vector<ferry::v1::Job>& jobs, absl::Time now) {
+  std::vector<std::vector<std::string>> rows = {{"ID", "NAME", "STATE", "STEP", "LOSS", "AGE"}};
+  for (const ferry::v1::Job& job : jobs) {
+    const ferry::v1::Progress& p = job.progress();
+    rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                    ShortState(job.state()) + (job.cancel_requested() ? " (stopping)" : ""),
+                    absl::StrCat(p.step(), "/", p.total_steps()),
+                    p.step() > 0 ? absl::StrFormat("%.4f", p.loss()) : "-",
+                    Age(job.create_time(), now)});
+  }
+  std::vector<size_t> widths(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      absl::StrAppend(&line, row[i]);
+      if (i + 1 < row.size()) line.append(widths[i] - row[i].size() + 2, ' ');
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
+  (void)now;
+  const ferry::v1::JobSpec& spec = job.spec();
+  const ferry::v1::ModelSpec& m = spec.model();
+  const ferry::v1::Progress& p = job.progress();
+  std::string out;
+  auto field = [&out](absl::string_view name, absl::string_view value) {
+    absl::StrAppendFormat(&out, "%-12s %s\n", absl::StrCat(name, ":"), value);
+  };
+  field("id", job.id());
+  field("name", spec.name().empty() ? "-" : spec.name());
+  field("state", ShortState(job.state()) + (job.cancel_requested() ? " (stop requested)" : ""));
+  if (!job.error().empty()) field("error", job.error());
+  field("model", absl::StrFormat("%s%d layers, hidden %d, %d heads, vocab %d, context %d",
+                                 m.preset().empty() ? "" : m.preset() + ": ", m.layers(), m.hidden(),
+                                 m.heads(), m.vocab_size(), m.seq_len()));
+  field("data", spec.data().has_synthetic()
+                    ? absl::StrFormat("synthetic (branching %d)", spec.data().synthetic().branching())
+                    : spec.data().path());
+  field("train", absl::StrFormat("%d steps, batch %d, lr %g, seed %d", spec.train().steps(),
+                                 spec.train().batch_size(), spec.train().lr(), spec.train().seed()));
+  if (!job.device().empty()) field("device", job.device());
+  field("created", TimeText(job.create_time()));
+  field("started", TimeText(job.start_time()));
+  field("ended", TimeText(job.end_time()));
+  if (p.step() > 0) {
+    field("progress", ProgressLine(p));
+    field("loss", job.has_initial_loss()
+                      ? absl::StrFormat("%.4f at step 1, %.4f at step %d", job.initial_loss(),
+                                        p.loss(), p.step())
+                      : absl::StrFormat("%.4f", p.loss()));
+    std::vector<std::string> memory;
+    for (const ferry::v1::MemoryUsage& u : p.memory()) {
+      if (u.bytes() > 0) memory.push_back(absl::StrCat(u.tier(), " ", u.kind(), " ", FormatSize(u.bytes())));
+    }
+    if (!memory.empty()) field("memory", absl::StrJoin(memory, ", "));
+  }
+  return out;
+}
+
+std::string DaemonInfoText(const ferry::v1::DaemonInfo& info) {
+  std::string out = absl::StrFormat("ferryd %s (LibTorch %s), %d CPUs, %s host memory\n",
+                                    info.version(), info.torch_version(), info.host_cpus(),
+                                    FormatSize(info.host_memory_bytes()));
+  absl::StrAppend(&out, "state:   ", info.state_dir(), "\n");
+  for (const ferry::v1::Device& d : info.devices()) {
+    absl::StrAppendFormat(&out, "device:  %s (%s), %s\n", d.name(), d.description(),
+                          FormatSize(d.memory_bytes()));
+  }
+  const ferry::v1::Limits& l = info.limits();
+  absl::StrAppendFormat(&out, "limits:  %d queued jobs, %d watchers per job, %d buffered events, %s messages\n",
+                        l.max_queued_jobs(), l.max_watchers_per_job(), l.event_buffer_events(),
+                        FormatSize(l.max_message_bytes()));
+  return out;
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool multiline) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  options.add_whitespace = multiline;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!json.empty() && json.back() != '\n') json += '\n';
+  return json;
+}
+
+}  // namespace ferry

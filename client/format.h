@@ -1,0 +1,37 @@
+#pragma once
+
+// How the CLI shows jobs to people.
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "ferry/v1/ferry.pb.h"
+#include "ferry/v1/job.pb.h"
+
+namespace ferry {
+
+// "running", "succeeded", ...
+std::string ShortState(ferry::v1::JobState state);
+
+// "0:07", "12:03", "1:02:03".
+std::string FormatClock(double seconds);
+
+// "950", "12.4k", "3.1M".
+std::string FormatCount(double value);
+
+// One line of live progress: step/total, loss, tokens/s, s/step, ETA.
+std::string ProgressLine(const ferry::v1::Progress& progress);
+
+// A table of jobs: ID, NAME, STATE, STEP, LOSS, AGE.
+std::string JobTable(const std::vector<ferry::v1::Job>& jobs, absl::Time now);
+
+// Everything about one job, a field per line.
+std::string JobDetails(const ferry::v1::Job& job, absl::Time now);
+
+std::string DaemonInfoText(const ferry::v1::DaemonInfo& info);
+
+// JSON with the .proto field names and every field shown.
+std::string ToJson(const google::protobuf::Message& message, bool multiline);
+
+}  // namespace ferry

@@ -1,0 +1,57 @@
+#include "client/format.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+
+namespace ferry {
+namespace {
+
+TEST(FormatTest, ClockAndCounts) {
+  EXPECT_EQ(FormatClock(7), "0:07");
+  EXPECT_EQ(FormatClock(723), "12:03");
+  EXPECT_EQ(FormatClock(3723), "1:02:03");
+  EXPECT_EQ(FormatClock(-1), "-");
+  EXPECT_EQ(FormatCount(950), "950");
+  EXPECT_EQ(FormatCount(12400), "12.4k");
+  EXPECT_EQ(FormatCount(3.1e6), "3.1M");
+}
+
+TEST(FormatTest, ProgressLineHasStepLossThroughputAndEta) {
+  ferry::v1::Progress p;
+  p.set_step(50);
+  p.set_total_steps(200);
+  p.set_loss(2.34567);
+  p.set_tokens_per_second(12400);
+  p.set_step_seconds(0.1);
+  p.set_elapsed_seconds(5.0);
+  EXPECT_EQ(ProgressLine(p), "step 50/200  loss 2.3457  12.4k tok/s  0.100 s/step  ETA 0:15");
+  p.set_step(200);
+  EXPECT_EQ(ProgressLine(p).find("ETA"), std::string::npos) << "no ETA once done";
+}
+
+TEST(FormatTest, TableAlignsColumns) {
+  ferry::v1::Job a;
+  a.set_id("j-00000001");
+  a.set_state(ferry::v1::JOB_STATE_RUNNING);
+  a.mutable_spec()->set_name("tiny");
+  a.mutable_progress()->set_step(3);
+  a.mutable_progress()->set_total_steps(10);
+  a.mutable_progress()->set_loss(1.5);
+  const std::string table = JobTable({a}, absl::Now());
+  EXPECT_EQ(table,
+            "ID          NAME  STATE    STEP  LOSS    AGE\n"
+            "j-00000001  tiny  running  3/10  1.5000  -\n");
+}
+
+TEST(FormatTest, JsonUsesProtoFieldNames) {
+  ferry::v1::Job job;
+  job.set_id("j-1");
+  job.set_state(ferry::v1::JOB_STATE_SUCCEEDED);
+  const std::string json = ToJson(job, false);
+  EXPECT_NE(json.find("\"state\":\"JOB_STATE_SUCCEEDED\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"cancel_requested\":false"), std::string::npos) << json;
+}
+
+}  // namespace
+}  // namespace ferry

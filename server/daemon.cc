@@ -1,0 +1,207 @@
+#include "server/daemon.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/common/host_info.h"
+#include "server/api/ferry_service.h"
+#include "server/common/files.h"
+#include "server/common/proto_time.h"
+#include "server/common/version.h"
+#include "server/jobs/job_registry.h"
+#include "server/jobs/job_runner.h"
+#include "server/metrics/daemon_metrics.h"
+#include "server/worker/probe.h"
+#include "server/worker/process_executor.h"
+
+namespace ferry {
+namespace {
+
+constexpr char kServiceName[] = "ferry.v1.Ferry";
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+
+Daemon::~Daemon() {
+  Shutdown("the daemon is stopping");
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+absl::Status Daemon::LockStateDir() {
+  const std::string path = options_.state_dir + "/ferryd.lock";
+  lock_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {0};
+    (void)pread(lock_fd_, pid, sizeof(pid) - 1, 0);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir=", options_.state_dir, " is in use by another ferryd (pid ", pid,
+        "); stop it or give this one another --state_dir"));
+  }
+  const std::string me = std::to_string(getpid());
+  if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, me.data(), me.size(), 0) < 0) {
+    LOG(WARNING) << "cannot record the pid in " << path;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Start() {
+  if (options_.state_dir.empty()) return absl::InvalidArgumentError("--state_dir: is required");
+  if (absl::Status s = MakeDirs(options_.state_dir + "/jobs"); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--state_dir: ", s.message()));
+  }
+  if (absl::Status s = LockStateDir(); !s.ok()) return s;
+
+  metrics_ = std::make_unique<DaemonMetrics>(kFerryVersion, "unknown");
+  metrics_->SetCapacity("host", HostMemoryTotalBytes());
+  if (!options_.metrics_listen.empty()) {
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--metrics_listen=", options_.metrics_listen, ": cannot listen (", e.what(),
+          "); choose another address, or --metrics_listen= to turn metrics off"));
+    }
+    exposer_->RegisterCollectable(metrics_->registry());
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    metrics_address_ = absl::StrCat(HostOf(options_.metrics_listen), ":", ports.empty() ? 0 : ports[0]);
+  }
+
+  JobRegistryOptions registry_options;
+  registry_options.max_queued_jobs = options_.max_queued_jobs;
+  registry_options.event_buffer_events = options_.event_buffer_events;
+  registry_options.max_watchers_per_job = options_.max_watchers_per_job;
+  registry_ = std::make_unique<JobRegistry>(registry_options, metrics_.get());
+
+  FerryServiceOptions service_options;
+  service_options.heartbeat_interval = options_.heartbeat_interval;
+  service_options.machine.host_memory_bytes = HostMemoryTotalBytes();
+  service_ = std::make_unique<FerryService>(registry_.get(), service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    server_.reset();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--listen=", options_.listen, ": cannot listen there (in use, or not a local address); "
+        "choose another HOST:PORT"));
+  }
+  listen_address_ = absl::StrCat(HostOf(options_.listen), ":", port);
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+  LOG(INFO) << "listening on " << listen_address_ << " (not serving until the devices are probed)";
+
+  absl::StatusOr<ferry::internal::DeviceProbe> probe =
+      ProbeWorker(options_.worker_binary, absl::Minutes(2));
+  if (!probe.ok()) return probe.status();
+  ferry::v1::DaemonInfo info;
+  info.set_version(kFerryVersion);
+  info.set_torch_version(probe->torch_version());
+  info.set_host_cpus(static_cast<uint32_t>(HostCpuCount()));
+  info.set_host_memory_bytes(HostMemoryTotalBytes());
+  info.set_state_dir(options_.state_dir);
+  ToProtoTime(absl::Now(), info.mutable_start_time());
+  std::vector<std::string> names;
+  bool found = false;
+  for (const ferry::v1::Device& device : probe->devices()) {
+    names.push_back(device.name());
+    const bool chosen = options_.devices == "auto" || options_.devices == device.name() ||
+                        (options_.devices == "cuda" && device.name() == "cuda:0");
+    if (!chosen) continue;
+    found = true;
+    *info.add_devices() = device;
+    if (options_.devices == "auto") break;  // the first device is the one auto picks
+  }
+  if (!found) {
+    return absl::FailedPreconditionError(absl::StrCat("--devices=", options_.devices,
+                                                      ": the workers see only ",
+                                                      absl::StrJoin(names, ", ")));
+  }
+  if (info.devices(0).kind() != "cpu") metrics_->SetCapacity("device", info.devices(0).memory_bytes());
+  metrics_->SetTorchVersion(probe->torch_version());
+  ferry::v1::Limits* limits = info.mutable_limits();
+  limits->set_max_queued_jobs(static_cast<uint32_t>(options_.max_queued_jobs));
+  limits->set_max_watchers_per_job(static_cast<uint32_t>(options_.max_watchers_per_job));
+  limits->set_event_buffer_events(static_cast<uint32_t>(options_.event_buffer_events));
+  limits->set_max_message_bytes(options_.max_message_bytes);
+
+  ProcessExecutorOptions executor_options;
+  executor_options.worker_binary = options_.worker_binary;
+  executor_options.jobs_dir = options_.state_dir + "/jobs";
+  executor_options.device = options_.devices;
+  executor_options.stop_grace = options_.stop_grace;
+  executor_ = std::make_unique<ProcessExecutor>(executor_options);
+  runner_ = std::make_unique<JobRunner>(registry_.get(), executor_.get());
+  runner_->Start();
+
+  service_->SetReady(info);
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+  LOG(INFO) << "serving on " << listen_address_ << ", metrics on "
+            << (metrics_address_.empty() ? "(off)" : metrics_address_) << ", device "
+            << info.devices(0).name() << ", state in " << options_.state_dir;
+
+  if (!options_.ready_file.empty()) {
+    const std::string ready = absl::StrCat("{\"listen\": \"", listen_address_,
+                                           "\", \"metrics_listen\": \"", metrics_address_,
+                                           "\", \"pid\": ", getpid(), "}\n");
+    if (absl::Status s = WriteFileAtomically(options_.ready_file, ready); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--ready_file: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::Shutdown(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->GetHealthCheckService()->SetServingStatus(kServiceName, false);
+  }
+  if (registry_ != nullptr) registry_->BeginDrain(reason);
+  if (service_ != nullptr) service_->BeginShutdown();
+  if (runner_ != nullptr) {
+    LOG(INFO) << "draining: waiting for the running job to stop";
+    runner_->Join();
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_->Wait();
+  }
+  exposer_.reset();
+  LOG(INFO) << "stopped";
+}
+
+}  // namespace ferry

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# End to end: start ferryd, drive it with the ferry CLI through a real GPT
+# training job, and check the outcome, the error handling and /metrics.
+set -euo pipefail
+
+RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+FERRYD="$RUNFILES/server/ferryd"
+FERRY="$RUNFILES/client/ferry"
+EXAMPLE="$RUNFILES/examples/gpt2-tiny.yaml"
+WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/e2e.XXXXXX")"
+PY=/usr/bin/python3
+
+fail() { echo "FAIL: $*" >&2; echo "--- ferryd log ---" >&2; tail -40 "$WORK/ferryd.log" >&2 || true; exit 1; }
+json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+"$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  --ready_file="$WORK/ready.json" >"$WORK/ferryd.log" 2>&1 &
+DAEMON=$!
+cleanup() { kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; }
+trap cleanup EXIT
+
+for _ in $(seq 1 600); do
+  [ -s "$WORK/ready.json" ] && break
+  kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
+  sleep 0.1
+done
+[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
+export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
+METRICS="$(json "d['metrics_listen']" <"$WORK/ready.json")"
+echo "ferryd at $FERRY_ADDRESS, metrics at $METRICS"
+
+"$FERRY" info | grep -q "device:  cpu" || fail "ferry info does not list the cpu"
+
+# A training job; it keeps running while the bad input below is refused.
+ID="$("$FERRY" submit "$EXAMPLE" --set=train.steps=80 -o json | json "d['id']")"
+echo "submitted $ID"
+
+expect_refusal() {  # expect_refusal EXIT_CODE TEXT -- ferry args...
+  local code="$1" text="$2"; shift 3
+  set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
+  [ "$rc" -eq "$code" ] || fail "ferry $* exited $rc, not $code: $out"
+  grep -qF -- "$text" <<<"$out" || fail "ferry $* said '$out', which lacks '$text'"
+  echo "refused as expected: ferry $*"
+}
+printf 'model: {layers: two}\ndata: {synthetic: {}}\n' >"$WORK/bad.yaml"
+expect_refusal 2 "model.layers: expected a whole number" -- submit "$WORK/bad.yaml"
+printf 'model: {layer: 2}\n' >"$WORK/typo.yaml"
+expect_refusal 2 "did you mean 'layers'" -- submit "$WORK/typo.yaml"
+printf 'model: {hidden: 100, heads: 3}\ndata: {synthetic: {}}\n' >"$WORK/shape.yaml"
+expect_refusal 2 "invalid argument: model.hidden: 100 is not a multiple of model.heads" -- submit "$WORK/shape.yaml"
+printf 'data: {path: missing.bin}\n' >"$WORK/missing.yaml"
+expect_refusal 2 "failed precondition: data.path: $WORK/missing.bin does not exist" -- submit "$WORK/missing.yaml"
+printf 'data: {synthetic: {}}\nmemory: {host_budget: 99TiB}\n' >"$WORK/absurd.yaml"
+expect_refusal 2 "memory.host_budget" -- submit "$WORK/absurd.yaml"
+expect_refusal 2 "not found: job_id: no job 'j-00000000'" -- get j-00000000
+expect_refusal 2 "cannot read the job file" -- submit "$WORK/nope.yaml"
+
+# Two watchers at once; the CLI's exit code says whether the job succeeded.
+"$FERRY" watch "$ID" >"$WORK/watch2.txt" 2>&1 &
+SECOND=$!
+"$FERRY" watch "$ID" >"$WORK/watch1.txt" 2>&1 || fail "watch exited non-zero: $(tail -3 "$WORK/watch1.txt")"
+wait "$SECOND" || fail "the second watcher exited non-zero"
+grep -q "succeeded" "$WORK/watch1.txt" || fail "watch did not report success"
+grep -q "final loss" "$WORK/watch2.txt" || fail "the second watcher missed the end"
+
+"$FERRY" get "$ID" -o json >"$WORK/job.json"
+STATE="$(json "d['state']" <"$WORK/job.json")"
+FIRST="$(json "d['initial_loss']" <"$WORK/job.json")"
+LAST="$(json "d['progress']['loss']" <"$WORK/job.json")"
+STEP="$(json "d['progress']['step']" <"$WORK/job.json")"
+echo "state $STATE, loss $FIRST at step 1, $LAST at step $STEP"
+[ "$STATE" = "JOB_STATE_SUCCEEDED" ] || fail "job ended $STATE"
+[ "$STEP" = "80" ] || fail "job ran $STEP steps, not 80"
+"$PY" - "$FIRST" "$LAST" <<'PYEOF' || fail "the loss did not fall far enough"
+import math, sys
+first, last = float(sys.argv[1]), float(sys.argv[2])
+half = 0.5 * math.log(256)
+print(f"loss fell from {first:.4f} to {last:.4f}; half of ln(256) is {half:.4f}")
+assert abs(first - math.log(256)) < 0.5, "the first loss should be near ln(vocab)"
+assert last < half, "the final loss should be below half of ln(vocab)"
+PYEOF
+
+expect_refusal 2 "failed precondition: job $ID has already ended" -- cancel "$ID"
+"$FERRY" list | grep -q "$ID  tiny  succeeded" || fail "ferry list does not show the job"
+
+# A job cancelled while it runs ends CANCELLED; ferry watch then exits 1.
+LONG="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000 -o json | json "d['id']")"
+for _ in $(seq 1 300); do
+  "$FERRY" get "$LONG" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
+  sleep 0.1
+done
+"$FERRY" cancel "$LONG" | grep -q "stopping" || fail "cancel did not report the stop"
+set +e; "$FERRY" watch "$LONG" >"$WORK/cancelled.txt" 2>&1; rc=$?; set -e
+[ "$rc" -eq 1 ] || fail "watch of a cancelled job exited $rc, not 1"
+[ "$("$FERRY" get "$LONG" -o json | json "d['state']")" = "JOB_STATE_CANCELLED" ] || fail "not cancelled"
+
+# /metrics has the documented series, with values from the job.
+curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape /metrics"
+for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' \
+              'ferry_step_duration_seconds_bucket{' 'ferry_step_duration_seconds_count' \
+              'ferry_tokens_total ' 'ferry_loss ' 'ferry_memory_bytes{kind="params",tier="host"}' \
+              'ferry_memory_capacity_bytes{tier="host"}' 'ferry_build_info{'; do
+  grep -qF "$series" "$WORK/metrics.txt" || fail "/metrics lacks $series"
+done
+TOKENS="$(awk '/^ferry_tokens_total /{print $2}' "$WORK/metrics.txt")"
+"$PY" -c "import sys; assert float(sys.argv[1]) >= 80*8*128, sys.argv[1]" "$TOKENS" \
+  || fail "ferry_tokens_total is $TOKENS, less than the job's 81920 tokens"
+
+# SIGTERM: the daemon exits cleanly.
+kill -TERM "$DAEMON"
+for _ in $(seq 1 300); do kill -0 "$DAEMON" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$DAEMON" 2>/dev/null; then fail "ferryd did not exit within 30 s of SIGTERM"; fi
+wait "$DAEMON" || fail "ferryd exited non-zero after SIGTERM"
+trap - EXIT
+echo PASS
