@@ -105,6 +105,9 @@ absl::Status Daemon::Start() {
   int port = 0;
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  // Without this a second daemon could bind the same port and share its
+  // traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

@@ -281,7 +281,10 @@ void JobRegistry::BeginDrain(const std::string& reason) {
   draining_ = true;
   drain_reason_ = reason;
   for (auto& [id, record] : jobs_) {
-    if (record.job.state() == ferry::v1::JOB_STATE_RUNNING) record.stop->Request(reason);
+    if (record.job.state() == ferry::v1::JOB_STATE_RUNNING) {
+      record.stop->Request(reason);
+      record.job.set_cancel_requested(true);
+    }
   }
 }
 
