@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing, then `bazel test //...`.
+# Extra arguments go to bazel (e.g. tools/test.sh --test_output=all).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+bazel test //... "$@"
