@@ -27,10 +27,6 @@ using ferry::v1::Job;
 using ferry::v1::JobEvent;
 using ferry::v1::JobState;
 
-bool IsTerminal(JobState s) {
-  return s == ferry::v1::JOB_STATE_SUCCEEDED || s == ferry::v1::JOB_STATE_FAILED ||
-         s == ferry::v1::JOB_STATE_CANCELLED;
-}
 
 int ExitCodeFor(JobState s) { return s == ferry::v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobFailed; }
 
@@ -277,7 +273,7 @@ int Cli::Watch(const std::string& id, bool quiet_start) {
           state = event.state_change().to();
           final_error = event.state_change().reason();
           if (!options_.json) {
-            if (IsTerminal(state)) show_progress(true);
+            if (IsTerminalState(state)) show_progress(true);
             end_line();
             out_ << id << "  " << ShortState(state)
                  << (final_error.empty() ? "" : ": " + final_error) << "\n";
@@ -297,11 +293,11 @@ int Cli::Watch(const std::string& id, bool quiet_start) {
     const grpc::Status status = reader->Finish();
     if (status.ok()) {
       end_line();
-      if (!options_.json && IsTerminal(state) && last_progress.step() > 0) {
+      if (!options_.json && IsTerminalState(state) && last_progress.step() > 0) {
         out_ << absl::StrFormat("%s  final loss %.4f after %d steps\n", id, last_progress.loss(),
                                 last_progress.step());
       }
-      return IsTerminal(state) ? ExitCodeFor(state) : kExitJobFailed;
+      return IsTerminalState(state) ? ExitCodeFor(state) : kExitJobFailed;
     }
     if (status.error_code() == grpc::StatusCode::OUT_OF_RANGE) {
       // Fell behind the buffer: start again from a fresh snapshot.

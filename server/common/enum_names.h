@@ -1,7 +1,7 @@
 #pragma once
 
-// Short, lower-case names of the API's enums for people and metric labels:
-// JOB_STATE_RUNNING -> "running".
+// Job states for people and metric labels: short, lower-case names
+// (JOB_STATE_RUNNING -> "running") and which states are final.
 
 #include <string>
 
@@ -10,5 +10,11 @@
 namespace ferry {
 
 std::string StateName(ferry::v1::JobState state);
+
+// SUCCEEDED, FAILED and CANCELLED: states a job never leaves.
+inline bool IsTerminalState(ferry::v1::JobState state) {
+  return state == ferry::v1::JOB_STATE_SUCCEEDED || state == ferry::v1::JOB_STATE_FAILED ||
+         state == ferry::v1::JOB_STATE_CANCELLED;
+}
 
 }  // namespace ferry

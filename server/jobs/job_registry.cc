@@ -20,10 +20,6 @@ using ferry::v1::Job;
 using ferry::v1::JobEvent;
 using ferry::v1::JobState;
 
-bool IsTerminal(JobState s) {
-  return s == ferry::v1::JOB_STATE_SUCCEEDED || s == ferry::v1::JOB_STATE_FAILED ||
-         s == ferry::v1::JOB_STATE_CANCELLED;
-}
 
 std::string DeterministicBytes(const ferry::v1::JobSpec& spec) {
   std::string out;
@@ -78,7 +74,7 @@ void JobRegistry::SetState(Record& record, JobState to, const std::string& reaso
   record.job.set_state(to);
   const absl::Time now = absl::Now();
   if (to == ferry::v1::JOB_STATE_RUNNING) ToProtoTime(now, record.job.mutable_start_time());
-  if (IsTerminal(to)) {
+  if (IsTerminalState(to)) {
     ToProtoTime(now, record.job.mutable_end_time());
     record.job.set_error(reason);
     record.job.set_cancel_requested(false);
@@ -89,7 +85,7 @@ void JobRegistry::SetState(Record& record, JobState to, const std::string& reaso
   event.mutable_state_change()->set_to(to);
   event.mutable_state_change()->set_reason(reason);
   record.events->Append(std::move(event));
-  if (IsTerminal(to)) record.events->Close();
+  if (IsTerminalState(to)) record.events->Close();
   if (listener_ != nullptr) listener_->OnStateChange(from, to);
 }
 
@@ -233,7 +229,7 @@ void JobRegistry::AppendLog(const std::string& id, ferry::v1::Severity severity,
 void JobRegistry::Finish(const std::string& id, JobState state, const std::string& error) {
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);
-  if (record == nullptr || IsTerminal(record->job.state())) return;
+  if (record == nullptr || IsTerminalState(record->job.state())) return;
   SetState(*record, state, error);
 }
 

@@ -8,10 +8,6 @@ namespace {
 const char* const kTiers[] = {"device", "host"};
 const char* const kKinds[] = {"params", "grads", "optimizer_states", "non_model"};
 
-bool IsTerminal(ferry::v1::JobState s) {
-  return s == ferry::v1::JOB_STATE_SUCCEEDED || s == ferry::v1::JOB_STATE_FAILED ||
-         s == ferry::v1::JOB_STATE_CANCELLED;
-}
 
 }  // namespace
 
@@ -73,7 +69,7 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
   for (int s = ferry::v1::JOB_STATE_PENDING; s <= ferry::v1::JOB_STATE_CANCELLED; ++s) {
     const auto state = static_cast<ferry::v1::JobState>(s);
     jobs_.Add({{"state", StateName(state)}});
-    if (IsTerminal(state)) jobs_finished_.Add({{"state", StateName(state)}});
+    if (IsTerminalState(state)) jobs_finished_.Add({{"state", StateName(state)}});
   }
   for (const char* tier : kTiers) {
     for (const char* kind : kKinds) MemoryGauge(tier, kind);
@@ -98,7 +94,7 @@ void DaemonMetrics::SetTorchVersion(const std::string& torch_version) {
 void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) {
   if (from != ferry::v1::JOB_STATE_UNSPECIFIED) jobs_.Add({{"state", StateName(from)}}).Decrement();
   jobs_.Add({{"state", StateName(to)}}).Increment();
-  if (IsTerminal(to)) jobs_finished_.Add({{"state", StateName(to)}}).Increment();
+  if (IsTerminalState(to)) jobs_finished_.Add({{"state", StateName(to)}}).Increment();
   if (from == ferry::v1::JOB_STATE_RUNNING) {
     // The job's memory is released with its worker.
     for (const char* tier : kTiers) {
