@@ -92,6 +92,7 @@ absl::Status Daemon::Start() {
   registry_options.max_queued_jobs = options_.max_queued_jobs;
   registry_options.event_buffer_events = options_.event_buffer_events;
   registry_options.max_watchers_per_job = options_.max_watchers_per_job;
+  registry_options.max_finished_jobs = options_.max_finished_jobs;
   registry_ = std::make_unique<JobRegistry>(registry_options, metrics_.get());
 
   FerryServiceOptions service_options;

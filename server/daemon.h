@@ -42,6 +42,7 @@ struct DaemonOptions {
   size_t max_queued_jobs = 1000;
   size_t event_buffer_events = 4096;
   size_t max_watchers_per_job = 256;
+  size_t max_finished_jobs = 10000;
   // Largest request accepted. Default 4 MiB.
   size_t max_message_bytes = 4 << 20;
   // Heartbeats to idle watchers. Default 5 s.

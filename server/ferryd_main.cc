@@ -31,6 +31,8 @@ ABSL_FLAG(std::string, worker_binary, "",
 ABSL_FLAG(int, max_queued_jobs, 1000, "Pending jobs allowed at once.");
 ABSL_FLAG(int, event_buffer_events, 4096, "Events kept per job for watchers that reconnect.");
 ABSL_FLAG(int, max_watchers_per_job, 256, "Concurrent WatchJob streams per job.");
+ABSL_FLAG(int, max_finished_jobs, 10000,
+          "Ended jobs remembered; the oldest beyond this are forgotten.");
 ABSL_FLAG(double, heartbeat_seconds, 5, "Heartbeat interval for idle watch streams.");
 ABSL_FLAG(double, stop_grace_seconds, 30,
           "How long a worker may take to stop after a cancel or shutdown before it is killed.");
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
       positive("event_buffer_events", absl::GetFlag(FLAGS_event_buffer_events));
   options.max_watchers_per_job =
       positive("max_watchers_per_job", absl::GetFlag(FLAGS_max_watchers_per_job));
+  options.max_finished_jobs = positive("max_finished_jobs", absl::GetFlag(FLAGS_max_finished_jobs));
   if (!(absl::GetFlag(FLAGS_heartbeat_seconds) > 0) || !(absl::GetFlag(FLAGS_stop_grace_seconds) >= 0)) {
     std::fprintf(stderr, "ferryd: --heartbeat_seconds must be positive, --stop_grace_seconds not negative\n");
     return 2;

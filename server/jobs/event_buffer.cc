@@ -25,6 +25,12 @@ void EventBuffer::Close() {
   closed_ = true;
 }
 
+void EventBuffer::Shrink(size_t capacity) {
+  absl::MutexLock lock(&mu_);
+  capacity_ = std::min(capacity_, std::max<size_t>(1, capacity));
+  while (events_.size() > capacity_) events_.pop_front();
+}
+
 absl::Status EventBuffer::ReadAfter(uint64_t after_seq, size_t max_events,
                                     std::vector<ferry::v1::JobEvent>* out) const {
   absl::MutexLock lock(&mu_);

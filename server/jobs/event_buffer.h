@@ -28,6 +28,10 @@ class EventBuffer {
   // No more events will come; wakes every waiter.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Keeps only the newest `capacity` events from now on (at least 1): a
+  // finished job needs less history than a running one.
+  void Shrink(size_t capacity) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Appends to `out` the events with seq > after_seq, oldest first, at most
   // `max_events`. OUT_OF_RANGE if some of them have already been dropped.
   absl::Status ReadAfter(uint64_t after_seq, size_t max_events,
@@ -45,8 +49,8 @@ class EventBuffer {
   bool closed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  const size_t capacity_;
   mutable absl::Mutex mu_;
+  size_t capacity_ ABSL_GUARDED_BY(mu_);
   std::deque<ferry::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

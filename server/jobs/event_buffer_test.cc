@@ -50,6 +50,16 @@ TEST(EventBufferTest, OverflowDropsTheOldestAndReadersLearnOfIt) {
   EXPECT_TRUE(out.empty());
 }
 
+TEST(EventBufferTest, ShrinkKeepsTheNewest) {
+  EventBuffer buffer(10);
+  for (int i = 0; i < 8; ++i) buffer.Append(Log(std::to_string(i)));
+  buffer.Shrink(3);
+  EXPECT_EQ(buffer.first_seq(), 6u);
+  EXPECT_EQ(buffer.last_seq(), 8u);
+  buffer.Append(Log("next"));
+  EXPECT_EQ(buffer.first_seq(), 7u) << "the smaller capacity holds for new events";
+}
+
 TEST(EventBufferTest, WaitWakesOnAppendAndOnClose) {
   EventBuffer buffer(10);
   EXPECT_FALSE(buffer.WaitForEventsAfter(0, absl::Milliseconds(10)));

@@ -85,8 +85,24 @@ void JobRegistry::SetState(Record& record, JobState to, const std::string& reaso
   event.mutable_state_change()->set_to(to);
   event.mutable_state_change()->set_reason(reason);
   record.events->Append(std::move(event));
-  if (IsTerminalState(to)) record.events->Close();
   if (listener_ != nullptr) listener_->OnStateChange(from, to);
+  if (IsTerminalState(to)) {
+    record.events->Close();
+    record.events->Shrink(options_.finished_event_buffer_events);
+    finished_.push_back(record.job.id());
+    ForgetOldFinished();
+  }
+}
+
+void JobRegistry::ForgetOldFinished() {
+  while (finished_.size() > std::max<size_t>(1, options_.max_finished_jobs)) {
+    auto it = jobs_.find(finished_.front());
+    finished_.pop_front();
+    if (it == jobs_.end()) continue;
+    by_order_.erase(it->second.order);
+    if (!it->second.job.request_id().empty()) by_request_id_.erase(it->second.job.request_id());
+    jobs_.erase(it);  // watchers keep the event buffer alive as long as they need it
+  }
 }
 
 absl::StatusOr<Job> JobRegistry::Submit(const ferry::v1::JobSpec& submitted,

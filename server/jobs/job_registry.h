@@ -39,6 +39,11 @@ struct JobRegistryOptions {
   size_t event_buffer_events = 4096;
   // Concurrent watchers of one job; more are RESOURCE_EXHAUSTED. Default 256.
   size_t max_watchers_per_job = 256;
+  // Events kept per job once it has ended. Default 128.
+  size_t finished_event_buffer_events = 128;
+  // Ended jobs remembered; beyond this the oldest are forgotten (NOT_FOUND).
+  // Default 10000.
+  size_t max_finished_jobs = 10000;
 };
 
 // A job handed to the runner.
@@ -152,6 +157,8 @@ class JobRegistry {
   void SetState(Record& record, ferry::v1::JobState to, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the oldest ended jobs beyond options_.max_finished_jobs.
+  void ForgetOldFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWatcher(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobRegistryOptions options_;
@@ -162,6 +169,8 @@ class JobRegistry {
   std::map<uint64_t, std::string> by_order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> pending_ ABSL_GUARDED_BY(mu_);
+  // Ended jobs, oldest first, for forgetting them.
+  std::deque<std::string> finished_ ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
   std::mt19937_64 id_rng_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 #include "server/jobs/job_runner.h"
 
 namespace ferry {
@@ -190,6 +192,32 @@ TEST(JobRegistryTest, WatchRefusesSeqsItCannotServe) {
   EXPECT_EQ(registry.StartWatch(id, 0).status().code(), absl::StatusCode::kResourceExhausted);
   w1->reset();
   EXPECT_TRUE(registry.StartWatch(id, 0).ok()) << "a finished watcher frees its slot";
+}
+
+TEST(JobRegistryTest, EndedJobsKeepLessHistoryAndTheOldestAreForgotten) {
+  JobRegistryOptions options;
+  options.finished_event_buffer_events = 2;
+  options.max_finished_jobs = 2;
+  JobRegistry registry(options, nullptr);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(registry.Submit(Spec("j"), Spec("j"), absl::StrCat("req-", i))->id());
+    registry.TakeNext(absl::ZeroDuration());
+    for (int k = 0; k < 5; ++k) registry.AppendLog(ids.back(), ferry::v1::SEVERITY_INFO, "x");
+    if (i == 0) {
+      std::unique_ptr<JobRegistry::Watch> watch = *registry.StartWatch(ids[0], 0);
+      registry.Finish(ids[0], ferry::v1::JOB_STATE_SUCCEEDED, "");
+      EXPECT_EQ(watch->events().last_seq() - watch->events().first_seq() + 1, 2u);
+    } else {
+      registry.Finish(ids.back(), ferry::v1::JOB_STATE_SUCCEEDED, "");
+    }
+  }
+  EXPECT_EQ(registry.Get(ids[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry.Get(ids[1]).ok());
+  EXPECT_TRUE(registry.Get(ids[2]).ok());
+  EXPECT_EQ(registry.List(100, "", {})->jobs.size(), 2u);
+  // Its request_id is free again.
+  EXPECT_NE(registry.Submit(Spec("other"), Spec("other"), "req-0")->id(), ids[0]);
 }
 
 TEST(JobRegistryTest, DrainRefusesSubmitsAndStopsTheRunningJob) {

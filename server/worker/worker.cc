@@ -166,7 +166,9 @@ int RunWorker(const WorkerOptions& options) {
   signal(SIGTERM, OnStopSignal);
   signal(SIGINT, OnStopSignal);
   signal(SIGPIPE, SIG_IGN);
-  Reporter reporter(options.report_fd);
+  // Never freed: the command reader below may still be blocked reading it
+  // while the process exits.
+  Reporter& reporter = *new Reporter(options.report_fd);
   if (options.report_fd >= 0) {
     std::thread(ReadCommands, options.command_fd, &reporter).detach();
   }

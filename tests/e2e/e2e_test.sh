@@ -94,9 +94,25 @@ set +e; "$FERRY" watch "$LONG" >"$WORK/cancelled.txt" 2>&1; rc=$?; set -e
 [ "$rc" -eq 1 ] || fail "watch of a cancelled job exited $rc, not 1"
 [ "$("$FERRY" get "$LONG" -o json | json "d['state']")" = "JOB_STATE_CANCELLED" ] || fail "not cancelled"
 
+# A worker killed mid-step fails its job with the reason; the daemon serves on.
+CRASH="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000 -o json | json "d['id']")"
+for _ in $(seq 1 300); do
+  "$FERRY" get "$CRASH" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
+  sleep 0.1
+done
+WORKER_PID="$(pgrep -f -- "--spec=$WORK/state/jobs/$CRASH/spec.json")" || fail "no worker process for $CRASH"
+kill -9 $WORKER_PID
+set +e; "$FERRY" watch "$CRASH" >"$WORK/crashed.txt" 2>&1; rc=$?; set -e
+[ "$rc" -eq 1 ] || fail "watch of a crashed job exited $rc, not 1"
+"$FERRY" get "$CRASH" -o json >"$WORK/crashed.json"
+[ "$(json "d['state']" <"$WORK/crashed.json")" = "JOB_STATE_FAILED" ] || fail "the crashed job is not FAILED"
+json "d['error']" <"$WORK/crashed.json" | grep -q "killed by signal 9" || fail "the error does not say how the worker died"
+"$FERRY" info >/dev/null || fail "ferryd stopped serving after a worker crash"
+pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind"
+
 # /metrics has the documented series, with values from the job.
 curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape /metrics"
-for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' \
+for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 1' \
               'ferry_step_duration_seconds_bucket{' 'ferry_step_duration_seconds_count' \
               'ferry_tokens_total ' 'ferry_loss ' 'ferry_memory_bytes{kind="params",tier="host"}' \
               'ferry_memory_capacity_bytes{tier="host"}' 'ferry_build_info{'; do
