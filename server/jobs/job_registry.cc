@@ -275,10 +275,10 @@ absl::StatusOr<std::unique_ptr<JobRegistry::Watch>> JobRegistry::StartWatch(cons
                                               " is beyond the job's last event (", last,
                                               "); use 0 or a seq this job sent"));
   }
-  if (after_seq > 0 && after_seq + 1 < record->events->first_seq()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "after_seq: events after ", after_seq,
-        " were dropped from the job's event buffer; watch again with after_seq=0"));
+  if (after_seq > 0) {
+    // Refuse now, before a snapshot is sent, if the resume point is gone.
+    std::vector<JobEvent> none;
+    if (absl::Status s = record->events->ReadAfter(after_seq, 0, &none); !s.ok()) return s;
   }
   if (record->watchers >= options_.max_watchers_per_job) {
     return absl::ResourceExhaustedError(absl::StrCat(
