@@ -1,0 +1,72 @@
+#pragma once
+
+// Where model data and compute live during training, seen by the memory
+// manager: capacity, memory in use, allocation of chunk buffers, and
+// transfers between a chunk's host and device copies.
+//
+// Two implementations: CudaDevice (a GPU through LibTorch's device-generic
+// APIs) and SimulatedDevice (CPU memory with a hard capacity, for machines
+// without a GPU and for tests).
+
+#include <ATen/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ferry {
+
+class MemoryDevice {
+ public:
+  virtual ~MemoryDevice() = default;
+
+  // "sim", "cuda:0".
+  virtual std::string name() const = 0;
+  // Where compute tensors and chunks' device copies live.
+  virtual c10::Device compute_device() const = 0;
+  // Bytes the job may use on the device: the device's memory or the job's
+  // budget, whichever is smaller.
+  virtual uint64_t capacity_bytes() const = 0;
+
+  // Device memory in use, model data and everything else (activations,
+  // workspace), now and at its peak since ResetPeak().
+  virtual uint64_t allocated_bytes() const = 0;
+  virtual uint64_t peak_allocated_bytes() const = 0;
+  virtual void ResetPeak() = 0;
+
+  // Memory for a chunk's device copy. Throws c10::OutOfMemoryError when it
+  // does not fit, as any other allocation on the device would.
+  virtual c10::DataPtr AllocateDevice(size_t bytes) = 0;
+  // What a released device copy points at: any read or write of it is a
+  // fault, so a bug that touches a chunk that is not resident shows at once.
+  virtual c10::DataPtr ReleasedPlaceholder(size_t bytes) = 0;
+  // A 1-D float buffer for a chunk's host copy (pinned where that lets
+  // transfers overlap compute).
+  virtual at::Tensor AllocateHost(int64_t numel) = 0;
+
+  // Copies between a chunk's host and device copies (same shape). They may
+  // run on a transfer stream, overlapping compute.
+  virtual void CopyToDevice(const at::Tensor& host, const at::Tensor& device) = 0;
+  virtual void CopyToHost(const at::Tensor& device, const at::Tensor& host) = 0;
+  // Compute issued from now on waits for the copies issued so far.
+  virtual void ComputeWaitsForTransfers() = 0;
+  // The host waits until the copies issued so far are done (before it reads
+  // or writes host copies).
+  virtual void SynchronizeTransfers() = 0;
+  // A device copy that was the target or source of a transfer is about to
+  // be released: the allocator must not reuse it before the transfer ends.
+  virtual void RecordTransferUse(const c10::DataPtr& data) = 0;
+};
+
+// The device for `name` ("cpu" gives the simulated device, "cuda" or
+// "cuda:N" a GPU). `budget_bytes` caps the capacity; 0 means the device's
+// memory, or for the simulated device a quarter of host memory.
+absl::StatusOr<std::unique_ptr<MemoryDevice>> MakeMemoryDevice(absl::string_view name,
+                                                               uint64_t budget_bytes);
+
+}  // namespace ferry

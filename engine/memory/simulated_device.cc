@@ -1,0 +1,159 @@
+#include "engine/memory/simulated_device.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <sys/mman.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+thread_local bool t_host_scope = false;
+
+constexpr size_t kAlignment = 64;
+
+struct Allocation {
+  void* ptr;
+  size_t bytes;
+  bool device;
+  std::shared_ptr<SimulatedMemoryCounters> counters;  // null: not counted
+};
+
+void FreeAllocation(void* context) {
+  auto* a = static_cast<Allocation*>(context);
+  std::free(a->ptr);
+  if (a->counters) {
+    (a->device ? a->counters->device_bytes : a->counters->host_bytes).fetch_sub(a->bytes);
+  }
+  delete a;
+}
+
+std::string Mib(uint64_t bytes) { return absl::StrCat(bytes / (1024.0 * 1024.0), " MiB"); }
+
+// LibTorch's CPU allocator while a simulated device exists: counts each
+// allocation against the device or the host and enforces the capacity.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override {
+    std::shared_ptr<SimulatedMemoryCounters> counters;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      counters = counters_;
+    }
+    const bool device = counters != nullptr && !t_host_scope;
+    if (device) {
+      const uint64_t now = counters->device_bytes.fetch_add(bytes) + bytes;
+      if (now > counters->capacity_bytes) {
+        counters->device_bytes.fetch_sub(bytes);
+        C10_THROW_ERROR(OutOfMemoryError,
+                        absl::StrCat("simulated device out of memory: tried to allocate ",
+                                     Mib(bytes), " with ", Mib(now - bytes), " of ",
+                                     Mib(counters->capacity_bytes), " in use"));
+      }
+      uint64_t peak = counters->device_peak_bytes.load();
+      while (now > peak && !counters->device_peak_bytes.compare_exchange_weak(peak, now)) {
+      }
+    } else if (counters != nullptr) {
+      counters->host_bytes.fetch_add(bytes);
+    }
+    void* ptr = nullptr;
+    if (posix_memalign(&ptr, kAlignment, bytes == 0 ? kAlignment : bytes) != 0) {
+      if (device) counters->device_bytes.fetch_sub(bytes);
+      else if (counters) counters->host_bytes.fetch_sub(bytes);
+      C10_THROW_ERROR(OutOfMemoryError, absl::StrCat("host out of memory allocating ", Mib(bytes)));
+    }
+    auto* context = new Allocation{ptr, bytes, device, counters};
+    return c10::DataPtr(ptr, context, &FreeAllocation, c10::Device(c10::kCPU));
+  }
+
+  void Attach(std::shared_ptr<SimulatedMemoryCounters> counters) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (counters != nullptr && counters_ != nullptr) {
+      throw std::logic_error("only one SimulatedDevice may exist at a time");
+    }
+    counters_ = std::move(counters);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<SimulatedMemoryCounters> counters_;
+};
+
+// Installed on first use and kept for the life of the process: LibTorch's
+// allocator registry is process-wide and tensors may outlive any device.
+CountingCpuAllocator& Allocator() {
+  static CountingCpuAllocator* allocator = [] {
+    auto* a = new CountingCpuAllocator;
+    c10::SetCPUAllocator(a, /*priority=*/100);
+    return a;
+  }();
+  return *allocator;
+}
+
+struct Placeholder {
+  void* ptr;
+  size_t bytes;
+};
+
+void UnmapPlaceholder(void* context) {
+  auto* p = static_cast<Placeholder*>(context);
+  munmap(p->ptr, p->bytes);
+  delete p;
+}
+
+}  // namespace
+
+HostAllocationScope::HostAllocationScope() : previous_(t_host_scope) { t_host_scope = true; }
+HostAllocationScope::~HostAllocationScope() { t_host_scope = previous_; }
+
+SimulatedDevice::SimulatedDevice(uint64_t capacity_bytes)
+    : counters_(std::make_shared<SimulatedMemoryCounters>()) {
+  counters_->capacity_bytes = capacity_bytes;
+  Allocator().Attach(counters_);
+}
+
+SimulatedDevice::~SimulatedDevice() { Allocator().Attach(nullptr); }
+
+uint64_t SimulatedDevice::allocated_bytes() const { return counters_->device_bytes.load(); }
+uint64_t SimulatedDevice::peak_allocated_bytes() const { return counters_->device_peak_bytes.load(); }
+uint64_t SimulatedDevice::host_allocated_bytes() const { return counters_->host_bytes.load(); }
+
+void SimulatedDevice::ResetPeak() { counters_->device_peak_bytes.store(counters_->device_bytes.load()); }
+
+c10::DataPtr SimulatedDevice::AllocateDevice(size_t bytes) {
+  const bool previous = t_host_scope;
+  t_host_scope = false;
+  c10::DataPtr data = Allocator().allocate(bytes);
+  t_host_scope = previous;
+  return data;
+}
+
+c10::DataPtr SimulatedDevice::ReleasedPlaceholder(size_t bytes) {
+  if (bytes == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+  // Address space only: no memory behind it, and any access faults.
+  void* ptr = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (ptr == MAP_FAILED) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+  return c10::DataPtr(ptr, new Placeholder{ptr, bytes}, &UnmapPlaceholder, c10::Device(c10::kCPU));
+}
+
+at::Tensor SimulatedDevice::AllocateHost(int64_t numel) {
+  HostAllocationScope host;
+  return at::empty({numel}, at::TensorOptions().dtype(at::kFloat));
+}
+
+void SimulatedDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device) {
+  device.copy_(host);
+}
+
+void SimulatedDevice::CopyToHost(const at::Tensor& device, const at::Tensor& host) {
+  host.copy_(device);
+}
+
+}  // namespace ferry

@@ -1,0 +1,76 @@
+#include "engine/memory/simulated_device.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+TEST(SimulatedDeviceTest, CountsEveryTensorAllocationAgainstTheCapacity) {
+  SimulatedDevice device(8 * kMiB);
+  const uint64_t before = device.allocated_bytes();
+  {
+    torch::Tensor a = torch::empty({kMiB / 4});  // 1 MiB of floats
+    EXPECT_EQ(device.allocated_bytes() - before, kMiB);
+    torch::Tensor b = a * 2;  // results of compute count too
+    EXPECT_EQ(device.allocated_bytes() - before, 2 * kMiB);
+  }
+  EXPECT_EQ(device.allocated_bytes(), before) << "freed tensors are given back";
+  EXPECT_GE(device.peak_allocated_bytes() - before, 2 * kMiB);
+  device.ResetPeak();
+  EXPECT_EQ(device.peak_allocated_bytes(), device.allocated_bytes());
+}
+
+TEST(SimulatedDeviceTest, GoingOverCapacityThrowsOutOfMemory) {
+  SimulatedDevice device(4 * kMiB);
+  torch::Tensor a = torch::empty({static_cast<int64_t>(3 * kMiB / 4)});
+  EXPECT_THROW(torch::empty({static_cast<int64_t>(2 * kMiB / 4)}), c10::OutOfMemoryError);
+  // The failed allocation left the count as it was.
+  EXPECT_LT(device.allocated_bytes(), 4 * kMiB);
+  EXPECT_NO_THROW(torch::empty({static_cast<int64_t>(kMiB / 8)}));
+}
+
+TEST(SimulatedDeviceTest, HostScopeAndHostBuffersDoNotCount) {
+  SimulatedDevice device(kMiB);
+  const uint64_t before = device.allocated_bytes();
+  torch::Tensor host = device.AllocateHost(2 * kMiB / 4);  // bigger than the device
+  {
+    HostAllocationScope scope;
+    torch::Tensor t = torch::empty({static_cast<int64_t>(2 * kMiB / 4)});
+    EXPECT_EQ(device.allocated_bytes(), before);
+  }
+  EXPECT_GE(device.host_allocated_bytes(), 2 * kMiB);
+}
+
+TEST(SimulatedDeviceTest, TransfersAreRealCopiesBetweenSeparateBuffers) {
+  SimulatedDevice device(kMiB);
+  torch::Tensor host = device.AllocateHost(16);
+  host.copy_(torch::arange(16, torch::kFloat));
+  c10::DataPtr data = device.AllocateDevice(16 * sizeof(float));
+  torch::Tensor on_device = torch::from_blob(data.get(), {16}, torch::kFloat);
+  device.CopyToDevice(host, on_device);
+  EXPECT_NE(on_device.data_ptr(), host.data_ptr());
+  EXPECT_TRUE(torch::equal(on_device, host));
+  host.zero_();
+  EXPECT_EQ(on_device[5].item<float>(), 5.0f) << "changing one copy leaves the other";
+  device.CopyToHost(on_device, host);
+  EXPECT_EQ(host[5].item<float>(), 5.0f);
+}
+
+TEST(SimulatedDeviceTest, AReleasedPlaceholderFaultsWhenTouched) {
+  SimulatedDevice device(kMiB);
+  c10::DataPtr placeholder = device.ReleasedPlaceholder(4096);
+  ASSERT_NE(placeholder.get(), nullptr);
+  float* p = static_cast<float*>(placeholder.get());
+  EXPECT_DEATH({ volatile float x = p[3]; (void)x; }, "");
+}
+
+TEST(SimulatedDeviceTest, OnlyOneAtATime) {
+  SimulatedDevice device(kMiB);
+  EXPECT_THROW(SimulatedDevice second(kMiB), std::logic_error);
+}
+
+}  // namespace
+}  // namespace ferry
