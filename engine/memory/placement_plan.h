@@ -1,0 +1,85 @@
+#pragma once
+
+// Where each chunk's data lives in the steady state of a step, and whether
+// the step then fits the device. No LibTorch: tests drive it with made-up
+// traces, the chunk manager with the warm-up's.
+//
+// A step is a cycle of periods: the forward of each stage, the backward of
+// each stage in reverse, then the optimizer. A chunk's parameters (P) are
+// needed on the device in the forward and backward periods of the stages
+// using it, its gradients (G) from its first backward use to its last, and
+// its optimizer states (O, two values per element) where the optimizer runs.
+//
+// Each chunk gets one of three classes:
+//   kStreamed      P fetched when needed and evictable; G sent to the host
+//                  after its last use; O and the master P on the host.
+//   kPinnedParams  as kStreamed, but P stays on the device the whole step
+//                  (ZeRO-Offload's split): P refreshed after each host update.
+//   kDeviceHomed   P, G and O all stay on the device; the optimizer runs there
+//                  and nothing moves.
+// Per byte of device memory, pinning P saves the most traffic (4 B saved for
+// 4 B: no re-fetch in backward), homing on the device next (8 more bytes saved
+// for 12 more bytes), so the auto plan upgrades chunks in that order while
+// every period still fits.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+enum class ChunkClass { kStreamed, kPinnedParams, kDeviceHomed };
+
+const char* ChunkClassName(ChunkClass c);
+
+struct PlanInput {
+  // Device bytes the plan may fill: capacity less the safety margin.
+  uint64_t limit_bytes = 0;
+  // Per period (forward periods, backward periods, then the optimizer):
+  // memory that is not model data (activations, workspace), as measured in
+  // warm-up.
+  std::vector<uint64_t> non_model_bytes;
+  // Per period: the chunks whose parameters it computes with.
+  std::vector<std::vector<int>> period_chunks;
+  // How many of the periods are forward periods and backward periods; the
+  // last period is the optimizer.
+  int forward_periods = 0;
+  int backward_periods = 0;
+  // Per chunk: bytes of its parameters (its gradients are as large, its
+  // optimizer states twice as large).
+  std::vector<uint64_t> param_bytes;
+};
+
+struct Plan {
+  std::vector<ChunkClass> classes;
+  // Predicted device bytes in use per period, the binding one, and whether
+  // every period fits limit_bytes.
+  std::vector<uint64_t> need_bytes;
+  int binding_period = 0;
+  bool feasible = false;
+  // Bytes moved between host and device per steady step, as planned.
+  uint64_t traffic_bytes = 0;
+};
+
+// Device bytes each period needs under `classes`.
+std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<ChunkClass>& classes);
+
+// Predicted traffic per steady step: kStreamed 12 B per parameter byte of 4
+// (P in for forward, again for backward, G out), kPinnedParams 8, kDeviceHomed 0.
+uint64_t PlannedTraffic(const PlanInput& input, const std::vector<ChunkClass>& classes);
+
+// Evaluates `classes` against the input.
+Plan EvaluatePlan(const PlanInput& input, std::vector<ChunkClass> classes);
+
+// The auto plan: every chunk streamed, then upgraded greedily (largest chunk
+// first) to kPinnedParams, then to kDeviceHomed, keeping every period within
+// limit_bytes. Infeasible only if even all-streamed does not fit.
+Plan PlanAuto(const PlanInput& input);
+
+// The static plan: the first (1 - optimizer_host_fraction) of the chunks are
+// device-homed; of the rest, the first (1 - param_host_fraction) of all
+// chunks keep their parameters pinned and the others are streamed. The
+// default (0, 1) is ZeRO-Offload's split: every P pinned, every O on host.
+Plan PlanStatic(const PlanInput& input, double param_host_fraction, double optimizer_host_fraction);
+
+}  // namespace ferry

@@ -1,0 +1,97 @@
+#include "engine/memory/placement_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace ferry {
+namespace {
+
+// Four stages, one chunk each (100 bytes of parameters): periods F0..F3,
+// B3..B0, optimizer. Activations grow through the forward and shrink
+// through the backward.
+PlanInput FourStages(uint64_t limit) {
+  PlanInput in;
+  in.limit_bytes = limit;
+  in.forward_periods = 4;
+  in.backward_periods = 4;
+  in.param_bytes = {100, 100, 100, 100};
+  in.period_chunks = {{0}, {1}, {2}, {3}, {3}, {2}, {1}, {0}, {}};
+  in.non_model_bytes = {10, 20, 30, 40, 40, 30, 20, 10, 0};
+  return in;
+}
+
+TEST(PlacementPlanTest, NeedsCountWhatEachClassKeepsOnTheDevice) {
+  PlanInput in = FourStages(1 << 20);
+  using C = ChunkClass;
+  // All streamed: a forward period holds its own P; backward B3 holds P3+G3.
+  std::vector<uint64_t> need = PeriodNeeds(in, {C::kStreamed, C::kStreamed, C::kStreamed, C::kStreamed});
+  EXPECT_EQ(need[0], 10u + 100u);
+  EXPECT_EQ(need[4], 40u + 200u);
+  EXPECT_EQ(need[8], 0u) << "the host runs every update";
+  // Device-homed chunk 0: P and O (300) always, G from B0 to the optimizer,
+  // plus one chunk-sized temporary for the update.
+  need = PeriodNeeds(in, {C::kDeviceHomed, C::kStreamed, C::kStreamed, C::kStreamed});
+  EXPECT_EQ(need[1], 20u + 300u + 100u);
+  EXPECT_EQ(need[7], 10u + 300u + 100u);
+  EXPECT_EQ(need[8], 0u + 300u + 100u + 100u);
+  // Pinned params keep P everywhere.
+  need = PeriodNeeds(in, {C::kPinnedParams, C::kPinnedParams, C::kPinnedParams, C::kPinnedParams});
+  EXPECT_EQ(need[8], 400u);
+  EXPECT_EQ(need[4], 40u + 400u + 100u);
+}
+
+TEST(PlacementPlanTest, TrafficIsTwelveEightOrZeroBytesPerFourOfParameters) {
+  PlanInput in = FourStages(1 << 20);
+  using C = ChunkClass;
+  EXPECT_EQ(PlannedTraffic(in, {C::kStreamed, C::kPinnedParams, C::kDeviceHomed, C::kDeviceHomed}),
+            300u + 200u);
+}
+
+TEST(PlacementPlanTest, AutoHomesEverythingOnAnAmpleDevice) {
+  Plan plan = PlanAuto(FourStages(1 << 20));
+  ASSERT_TRUE(plan.feasible);
+  for (ChunkClass c : plan.classes) EXPECT_EQ(c, ChunkClass::kDeviceHomed);
+  EXPECT_EQ(plan.traffic_bytes, 0u);
+}
+
+TEST(PlacementPlanTest, AutoNeverPlansMoreTrafficThanStaticWhereStaticFits) {
+  for (uint64_t limit = 200; limit <= 2000; limit += 25) {
+    PlanInput in = FourStages(limit);
+    Plan zero_offload = PlanStatic(in, 0.0, 1.0);
+    Plan automatic = PlanAuto(in);
+    if (zero_offload.feasible) {
+      ASSERT_TRUE(automatic.feasible) << limit;
+      EXPECT_LE(automatic.traffic_bytes, zero_offload.traffic_bytes) << limit;
+    }
+    if (automatic.feasible) EXPECT_LE(automatic.need_bytes[automatic.binding_period], limit);
+  }
+}
+
+TEST(PlacementPlanTest, AutoFitsWhereZeroOffloadDoesNot) {
+  // 400 bytes of parameters cannot all stay pinned next to 40 of activations
+  // and a live gradient in 450 bytes, but streamed chunks fit.
+  PlanInput in = FourStages(450);
+  EXPECT_FALSE(PlanStatic(in, 0.0, 1.0).feasible);
+  Plan plan = PlanAuto(in);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_NE(plan.classes[0], ChunkClass::kDeviceHomed);
+}
+
+TEST(PlacementPlanTest, InfeasibleEvenStreamedNamesTheBindingPeriod) {
+  PlanInput in = FourStages(200);  // B3 needs 40 + P3 + G3 = 240
+  Plan plan = PlanAuto(in);
+  EXPECT_FALSE(plan.feasible);
+  EXPECT_EQ(plan.binding_period, 4);
+  EXPECT_EQ(plan.need_bytes[4], 240u);
+}
+
+TEST(PlacementPlanTest, StaticFractionsPickTheChunks) {
+  Plan plan = PlanStatic(FourStages(1 << 20), /*param_host_fraction=*/0.5, /*optimizer_host_fraction=*/0.75);
+  ASSERT_EQ(plan.classes.size(), 4u);
+  EXPECT_EQ(plan.classes[0], ChunkClass::kDeviceHomed);
+  EXPECT_EQ(plan.classes[1], ChunkClass::kPinnedParams);
+  EXPECT_EQ(plan.classes[2], ChunkClass::kStreamed);
+  EXPECT_EQ(plan.classes[3], ChunkClass::kStreamed);
+}
+
+}  // namespace
+}  // namespace ferry
