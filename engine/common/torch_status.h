@@ -4,6 +4,7 @@
 // turn a c10::Error (or any std::exception) into an absl::Status with context.
 
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -14,9 +15,18 @@
 
 namespace ferry {
 
+// Thrown by engine code that runs where no Status can be returned (inside
+// autograd hooks) when a job needs more memory than its budgets allow; the
+// message says what to change. Maps to RESOURCE_EXHAUSTED.
+class ResourceExhaustedException : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Maps the exception currently being handled to a Status whose message starts
-// with `context`. Out-of-memory errors map to RESOURCE_EXHAUSTED, everything
-// else to INTERNAL. Call only from inside a catch block.
+// with `context`. Out-of-memory errors and ResourceExhaustedException map to
+// RESOURCE_EXHAUSTED, everything else to INTERNAL. Call only from inside a
+// catch block.
 absl::Status StatusFromCurrentException(absl::string_view context);
 
 // Runs `fn`, which returns void, a Status or a StatusOr<T>, converting thrown

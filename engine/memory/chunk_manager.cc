@@ -1,0 +1,796 @@
+#include "engine/memory/chunk_manager.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/common/torch_status.h"
+#include "engine/memory/eviction.h"
+#include "engine/memory/simulated_device.h"
+
+namespace ferry {
+namespace {
+
+constexpr int kKinds = 3;
+
+std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20)); }
+
+// Identity in forward; at the start of the stage's backward (the gradient of
+// its output arrives) it tells the manager.
+struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t manager, int64_t stage) {
+    ctx->saved_data["manager"] = manager;
+    ctx->saved_data["stage"] = stage;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    reinterpret_cast<ChunkManager*>(ctx->saved_data["manager"].toInt())
+        ->PreBackward(static_cast<int>(ctx->saved_data["stage"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity in forward, on the stage's input; its backward runs once the
+// stage's backward is complete (every gradient of its parameters included:
+// those are accumulated as soon as they are computed).
+struct PostBackwardHook : public torch::autograd::Function<PostBackwardHook> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t manager, int64_t stage) {
+    ctx->saved_data["manager"] = manager;
+    ctx->saved_data["stage"] = stage;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    reinterpret_cast<ChunkManager*>(ctx->saved_data["manager"].toInt())
+        ->PostBackward(static_cast<int>(ctx->saved_data["stage"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// A 1-D float buffer on `device` whose storage outlives its memory: the
+// manager swaps the memory behind it in and out.
+at::Tensor MakeDeviceBuffer(MemoryDevice* device, int64_t numel) {
+  const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, device->ReleasedPlaceholder(bytes),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(device->compute_device()))
+      .set_(storage, 0, {numel}, {1});
+}
+
+}  // namespace
+
+const char* PolicyName(MemoryOptions::Policy policy) {
+  return policy == MemoryOptions::Policy::kAuto ? "auto" : "static";
+}
+
+const char* PayloadKindName(PayloadKind kind) {
+  switch (kind) {
+    case PayloadKind::kParam:
+      return "param";
+    case PayloadKind::kGrad:
+      return "grad";
+    case PayloadKind::kOptimizer:
+      return "optimizer";
+  }
+  return "unknown";
+}
+
+struct ChunkManager::Payload {
+  PayloadKind kind = PayloadKind::kParam;
+  int chunk = 0;
+  int64_t numel = 0;
+  uint64_t bytes = 0;
+  // The device copy: persistent storage whose memory comes and goes.
+  at::Tensor device;
+  bool resident = false;
+  bool device_valid = false;
+  // The host copy, allocated on first need and kept.
+  at::Tensor host;
+  bool host_valid = false;
+  // The plan keeps it on the device.
+  bool pinned = false;
+  // Fetched ahead of its period and not used since.
+  bool prefetched = false;
+  // Periods that need it on the device, ascending.
+  std::vector<int> uses;
+};
+
+struct ChunkManager::Chunk {
+  int id = 0;
+  int64_t capacity = 0;
+  int64_t used = 0;
+  std::vector<int> tensors;
+  std::vector<DecaySegment> decay;
+  ChunkClass chunk_class = ChunkClass::kStreamed;
+  Payload payloads[kKinds];
+  // This step: gradients zeroed and accumulating; complete and reduced.
+  bool grad_started = false;
+  bool grad_reduced = false;
+  // The optimizer states hold values (after the first update).
+  bool optimizer_initialized = false;
+  bool device_homed() const { return chunk_class == ChunkClass::kDeviceHomed; }
+};
+
+struct ChunkManager::ManagedTensor {
+  std::string name;
+  at::Tensor param;
+  int chunk = 0;
+  int64_t offset = 0;
+  int64_t numel = 0;
+  TensorState state = TensorState::kFree;
+  int backward_uses = 0;
+  int uses_left = 0;
+};
+
+ChunkManager::ChunkManager(MemoryDevice* device, MemoryOptions options, OptimizerOptions optimizer)
+    : device_(device), options_(options), optimizer_(optimizer) {}
+
+ChunkManager::~ChunkManager() = default;
+
+absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
+    MemoryDevice* device, std::vector<ManagedParam> params, std::vector<StageParams> stages,
+    const MemoryOptions& options, const OptimizerOptions& optimizer) {
+  if (params.empty() || stages.empty()) return absl::InvalidArgumentError("no parameters to manage");
+  std::unique_ptr<ChunkManager> m(new ChunkManager(device, options, optimizer));
+  std::vector<int64_t> numels;
+  for (const ManagedParam& p : params) numels.push_back(p.tensor.numel());
+  absl::StatusOr<ChunkLayout> layout;
+  if (options.chunk_elements > 0) {
+    layout = PackTensors(numels, options.chunk_elements);
+  } else {
+    ChunkSearchOptions search;
+    search.step_elements = options.chunk_step_elements;
+    search.min_chunks = options.target_chunks;
+    layout = SearchChunkLayout(numels, search);
+  }
+  if (!layout.ok()) return layout.status();
+  m->layout_ = *std::move(layout);
+  m->stages_ = std::move(stages);
+
+  m->chunks_.resize(static_cast<size_t>(m->layout_.chunk_count()));
+  for (int c = 0; c < m->layout_.chunk_count(); ++c) {
+    Chunk& chunk = m->chunks_[static_cast<size_t>(c)];
+    chunk.id = c;
+    chunk.capacity = m->layout_.capacity[static_cast<size_t>(c)];
+    chunk.used = m->layout_.used[static_cast<size_t>(c)];
+    for (int k = 0; k < kKinds; ++k) {
+      Payload& p = chunk.payloads[k];
+      p.kind = static_cast<PayloadKind>(k);
+      p.chunk = c;
+      p.numel = p.kind == PayloadKind::kOptimizer ? 2 * chunk.capacity : chunk.capacity;
+      p.bytes = static_cast<uint64_t>(p.numel) * sizeof(float);
+      p.device = MakeDeviceBuffer(device, p.numel);
+    }
+  }
+  m->tensors_.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TensorSlot& slot = m->layout_.slots[i];
+    ManagedTensor& t = m->tensors_[i];
+    t.name = params[i].name;
+    t.param = params[i].tensor;
+    t.chunk = slot.chunk;
+    t.offset = slot.offset;
+    t.numel = slot.numel;
+    Chunk& chunk = m->chunks_[static_cast<size_t>(slot.chunk)];
+    chunk.tensors.push_back(static_cast<int>(i));
+    if (params[i].decay) chunk.decay.push_back({slot.offset, slot.numel});
+  }
+  m->stage_chunks_.resize(m->stages_.size());
+  for (size_t s = 0; s < m->stages_.size(); ++s) {
+    std::set<int> chunks;
+    for (int i : m->stages_[s].params) {
+      if (i < 0 || i >= static_cast<int>(params.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("stage ", m->stages_[s].name, " names parameter ", i));
+      }
+      chunks.insert(m->tensors_[static_cast<size_t>(i)].chunk);
+      ++m->tensors_[static_cast<size_t>(i)].backward_uses;
+    }
+    m->stage_chunks_[s].assign(chunks.begin(), chunks.end());
+  }
+  m->period_chunks_.assign(static_cast<size_t>(m->cycle()), {});
+  for (int s = 0; s < m->stage_count(); ++s) {
+    m->period_chunks_[static_cast<size_t>(m->ForwardPeriod(s))] = m->stage_chunks_[static_cast<size_t>(s)];
+    m->period_chunks_[static_cast<size_t>(m->BackwardPeriod(s))] = m->stage_chunks_[static_cast<size_t>(s)];
+  }
+
+  // The parameters' values go to the chunks' host copies; the parameters
+  // become views of the device copies, their gradients of the gradient
+  // chunks'.
+  absl::Status status = CallTorch("placing parameters in chunks", [&]() -> absl::Status {
+    for (Chunk& chunk : m->chunks_) {
+      Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
+      m->EnsureHost(p);
+      HostAllocationScope host;
+      p.host.zero_();
+      for (int i : chunk.tensors) {
+        const ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
+        p.host.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
+      }
+      p.host_valid = true;
+    }
+    for (ManagedTensor& t : m->tensors_) {
+      Chunk& chunk = m->chunks_[static_cast<size_t>(t.chunk)];
+      const std::vector<int64_t> shape = t.param.sizes().vec();
+      t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
+      t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
+      t.state = Transition(t.name, t.state, TensorState::kHold);
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  m->plan_.classes.assign(m->chunks_.size(), ChunkClass::kStreamed);
+  m->ApplyPlan();
+  m->plan_applied_ = false;
+  m->backward_started_.assign(m->stages_.size(), false);
+  m->backward_done_.assign(m->stages_.size(), false);
+  return m;
+}
+
+ChunkManager::Payload& ChunkManager::payload(int chunk, PayloadKind kind) {
+  return chunks_[static_cast<size_t>(chunk)].payloads[static_cast<int>(kind)];
+}
+
+const ChunkManager::Payload& ChunkManager::payload(int chunk, PayloadKind kind) const {
+  return chunks_[static_cast<size_t>(chunk)].payloads[static_cast<int>(kind)];
+}
+
+std::string ChunkManager::PeriodName(int period) const {
+  if (period < 0) return "set-up";
+  if (period == OptimizerPeriod()) return "optimizer";
+  if (period < stage_count()) return "forward " + stages_[static_cast<size_t>(period)].name;
+  return "backward " + stages_[static_cast<size_t>(2 * stage_count() - 1 - period)].name;
+}
+
+// --- Moving payloads. ---
+
+void ChunkManager::Materialize(Payload& p) {
+  if (p.resident) return;
+  p.device.storage().unsafeGetStorageImpl()->set_data_ptr(device_->AllocateDevice(p.bytes));
+  p.resident = true;
+  p.device_valid = false;
+}
+
+void ChunkManager::Release(Payload& p) {
+  if (!p.resident) return;
+  c10::StorageImpl* storage = p.device.storage().unsafeGetStorageImpl();
+  device_->RecordTransferUse(storage->data_ptr());
+  storage->set_data_ptr(device_->ReleasedPlaceholder(p.bytes));
+  p.resident = false;
+  p.device_valid = false;
+  p.prefetched = false;
+}
+
+void ChunkManager::EnsureHost(Payload& p) {
+  if (p.host.defined()) return;
+  if (options_.host_budget_bytes > 0 && host_model_bytes_ + p.bytes > options_.host_budget_bytes) {
+    throw ResourceExhaustedException(absl::StrCat(
+        "memory.host_budget: model data needs more than its ", Mib(options_.host_budget_bytes),
+        " of host memory (", Mib(host_model_bytes_), " placed, ", Mib(p.bytes),
+        " more for chunk ", p.chunk, "); raise memory.host_budget or memory.device_budget, "
+        "or use a smaller model"));
+  }
+  p.host = device_->AllocateHost(p.numel);
+  host_model_bytes_ += p.bytes;
+}
+
+bool ChunkManager::Preserve(const Payload& p) const {
+  const Chunk& chunk = chunks_[static_cast<size_t>(p.chunk)];
+  switch (p.kind) {
+    case PayloadKind::kParam:
+      return true;
+    case PayloadKind::kGrad:
+      // Live from the first backward use until reduced, and for a chunk
+      // updated on the device until the optimizer has used it.
+      return chunk.grad_started && (!chunk.grad_reduced || (plan_applied_ && chunk.device_homed()));
+    case PayloadKind::kOptimizer:
+      return chunk.optimizer_initialized;
+  }
+  return true;
+}
+
+void ChunkManager::Evict(Payload& p) {
+  if (!p.resident) return;
+  if (p.device_valid && !p.host_valid && Preserve(p)) {
+    EnsureHost(p);
+    device_->CopyToHost(p.device, p.host);
+    stats_.device_to_host_bytes += p.bytes;
+    p.host_valid = true;
+  }
+  Release(p);
+}
+
+void ChunkManager::Fetch(Payload& p, bool prefetch) {
+  Chunk& chunk = chunks_[static_cast<size_t>(p.chunk)];
+  if (p.resident && p.device_valid) {
+    if (!prefetch && p.prefetched) {
+      ++stats_.prefetch_hits;
+      p.prefetched = false;
+    }
+    return;
+  }
+  const bool was_resident = p.resident;
+  Materialize(p);
+  if (p.kind == PayloadKind::kGrad && !chunk.grad_started) {
+    p.device.zero_();  // this step's gradients start here
+    chunk.grad_started = true;
+    p.host_valid = false;
+  } else if (p.kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) {
+    p.device.zero_();
+  } else if (p.host_valid) {
+    device_->CopyToDevice(p.host, p.device);
+    stats_.host_to_device_bytes += p.bytes;
+  } else {
+    throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind),
+                                        ": no current copy to fetch"));
+  }
+  p.device_valid = true;
+  if (prefetch) {
+    p.prefetched = true;
+  } else if (!warmup_ && !was_resident) {
+    ++stats_.prefetch_misses;
+  }
+}
+
+uint64_t ChunkManager::DeviceModelBytes() const {
+  uint64_t bytes = 0;
+  for (const Chunk& chunk : chunks_) {
+    for (const Payload& p : chunk.payloads) {
+      if (p.resident) bytes += p.bytes;
+    }
+  }
+  return bytes;
+}
+
+uint64_t ChunkManager::Predicted(int period) const {
+  return period >= 0 && period < static_cast<int>(predicted_.size())
+             ? predicted_[static_cast<size_t>(period)]
+             : 0;
+}
+
+void ChunkManager::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep) {
+  if (warmup_ || options_.policy != MemoryOptions::Policy::kAuto || bytes == 0) return;
+  const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
+  const double in_use = double(Predicted(period)) + double(DeviceModelBytes());
+  if (in_use + double(bytes) <= limit) return;
+  const uint64_t short_by = static_cast<uint64_t>(in_use + double(bytes) - limit);
+  std::vector<EvictionCandidate> candidates;
+  std::vector<Payload*> handles;
+  for (Chunk& chunk : chunks_) {
+    for (Payload& p : chunk.payloads) {
+      if (!p.resident || p.pinned || std::find(keep.begin(), keep.end(), &p) != keep.end()) continue;
+      EvictionCandidate c;
+      c.id = static_cast<int>(handles.size());
+      c.bytes = p.bytes;
+      c.next_use_distance = NextUseDistance(p.uses, period, cycle());
+      c.clean = p.host_valid || !p.device_valid || !Preserve(p);
+      candidates.push_back(c);
+      handles.push_back(&p);
+    }
+  }
+  for (int victim : ChooseVictims(std::move(candidates), short_by)) {
+    Evict(*handles[static_cast<size_t>(victim)]);
+    ++stats_.evictions;
+  }
+}
+
+std::vector<ChunkManager::Payload*> ChunkManager::Needed(int period) {
+  std::vector<Payload*> needed;
+  if (period == OptimizerPeriod()) {
+    if (!plan_applied_) return needed;
+    for (Chunk& chunk : chunks_) {
+      if (!chunk.device_homed()) continue;
+      for (Payload& p : chunk.payloads) needed.push_back(&p);
+    }
+    return needed;
+  }
+  const bool backward = period >= stage_count();
+  for (int c : period_chunks_[static_cast<size_t>(period)]) {
+    needed.push_back(&payload(c, PayloadKind::kParam));
+    if (backward) needed.push_back(&payload(c, PayloadKind::kGrad));
+  }
+  return needed;
+}
+
+void ChunkManager::Prepare(int period, const std::vector<Payload*>& needed) {
+  uint64_t to_allocate = 0;
+  for (const Payload* p : needed) {
+    if (!p->resident) to_allocate += p->bytes;
+  }
+  MakeRoom(to_allocate, period, needed);
+  for (Payload* p : needed) Fetch(*p, /*prefetch=*/false);
+  device_->ComputeWaitsForTransfers();
+}
+
+void ChunkManager::Prefetch(int period) {
+  if (warmup_ || options_.policy != MemoryOptions::Policy::kAuto || !options_.prefetch) return;
+  const int next = (period + 1) % cycle();
+  const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
+  double room = limit - double(std::max(Predicted(period), Predicted(next))) - double(DeviceModelBytes());
+  for (Payload* p : Needed(next)) {
+    // Only what has a host copy to bring: gradients start on the device.
+    if (p->resident || !p->host_valid || p->kind == PayloadKind::kGrad) continue;
+    if (double(p->bytes) > room) continue;
+    Fetch(*p, /*prefetch=*/true);
+    room -= double(p->bytes);
+  }
+}
+
+// --- Periods. ---
+
+void ChunkManager::BeginPeriod(int period, const std::vector<Payload*>& needed) {
+  current_period_ = period;
+  Prepare(period, needed);
+  Prefetch(period);
+  device_->ResetPeak();
+  period_model_bytes_ = DeviceModelBytes();
+}
+
+void ChunkManager::EndPeriod(int period) {
+  const uint64_t peak = device_->peak_allocated_bytes();
+  const uint64_t non_model = peak > period_model_bytes_ ? peak - period_model_bytes_ : 0;
+  const size_t p = static_cast<size_t>(period);
+  if (warmup_) {
+    non_model_[p] = std::max(non_model_[p], non_model);
+  } else {
+    const double predicted = double(predicted_[p]);
+    const double error = std::fabs(double(non_model) - predicted) / std::max(predicted, double(1 << 20));
+    stats_.prediction_error = std::max(stats_.prediction_error, error);
+    predicted_[p] = std::max(predicted_[p], non_model);
+  }
+  stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, non_model);
+  stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, peak);
+  current_period_ = -1;
+}
+
+void ChunkManager::SetStates(int stage, TensorState to) {
+  for (int i : stages_[static_cast<size_t>(stage)].params) {
+    ManagedTensor& t = tensors_[static_cast<size_t>(i)];
+    t.state = Transition(t.name, t.state, to);
+  }
+}
+
+void ChunkManager::ReleaseAfterPeriod(int period) {
+  // Warm-up keeps only what the current period needs, so that the trace
+  // measures non-model memory with room to spare; static streams the chunks
+  // it does not pin. Auto keeps everything until room is short.
+  if (!warmup_ && options_.policy == MemoryOptions::Policy::kAuto) return;
+  for (int c : period_chunks_[static_cast<size_t>(period)]) {
+    Payload& p = payload(c, PayloadKind::kParam);
+    if (!p.pinned) Evict(p);
+  }
+}
+
+at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
+                                  const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  const int period = ForwardPeriod(stage);
+  SetStates(stage, TensorState::kCompute);
+  BeginPeriod(period, Needed(period));
+  const int64_t self = reinterpret_cast<int64_t>(this);
+  at::Tensor x = input.requires_grad() ? PostBackwardHook::apply(input, self, stage) : input;
+  at::Tensor y = fn(x);
+  if (y.requires_grad()) y = PreBackwardHook::apply(y, self, stage);
+  EndPeriod(period);
+  SetStates(stage, TensorState::kHold);
+  ReleaseAfterPeriod(period);
+  return y;
+}
+
+void ChunkManager::PreBackward(int stage) {
+  backward_started_[static_cast<size_t>(stage)] = true;
+  const int period = BackwardPeriod(stage);
+  for (int i : stages_[static_cast<size_t>(stage)].params) {
+    ManagedTensor& t = tensors_[static_cast<size_t>(i)];
+    t.state = Transition(t.name, t.state, TensorState::kCompute);
+  }
+  BeginPeriod(period, Needed(period));
+}
+
+void ChunkManager::PostBackward(int stage) {
+  if (backward_done_[static_cast<size_t>(stage)]) return;
+  backward_done_[static_cast<size_t>(stage)] = true;
+  const int period = BackwardPeriod(stage);
+  EndPeriod(period);
+  for (int i : stages_[static_cast<size_t>(stage)].params) {
+    ManagedTensor& t = tensors_[static_cast<size_t>(i)];
+    --t.uses_left;
+    t.state = Transition(t.name, t.state,
+                         t.uses_left > 0 ? TensorState::kHoldAfterBackward : TensorState::kReadyForReduce);
+  }
+  for (int c : stage_chunks_[static_cast<size_t>(stage)]) {
+    Chunk& chunk = chunks_[static_cast<size_t>(c)];
+    bool ready = !chunk.grad_reduced;
+    for (int i : chunk.tensors) {
+      ready = ready && tensors_[static_cast<size_t>(i)].state == TensorState::kReadyForReduce;
+    }
+    if (ready) Reduce(chunk);
+  }
+  ReleaseAfterPeriod(period);
+}
+
+void ChunkManager::Reduce(Chunk& chunk) {
+  Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+  const double norm = g.device.narrow(0, 0, chunk.used).norm().item<double>();
+  grad_sq_sum_ += norm * norm;
+  chunk.grad_reduced = true;
+  if (plan_applied_ && chunk.device_homed()) return;
+  // The optimizer states are on the host: so go the gradients.
+  EnsureHost(g);
+  device_->CopyToHost(g.device, g.host);
+  stats_.device_to_host_bytes += g.bytes;
+  g.host_valid = true;
+  Release(g);
+}
+
+absl::Status ChunkManager::FinishBackward() {
+  for (int s = stage_count() - 1; s >= 0; --s) {
+    if (!backward_started_[static_cast<size_t>(s)]) PreBackward(s);
+    PostBackward(s);
+  }
+  for (const ManagedTensor& t : tensors_) {
+    if (t.state != TensorState::kReadyForReduce) {
+      throw std::logic_error(absl::StrCat(t.name, " is ", TensorStateName(t.state),
+                                          " after the backward"));
+    }
+  }
+  if (!warmup_) return absl::OkStatus();
+  return PlanAfterWarmup();
+}
+
+PlanInput ChunkManager::MakePlanInput() const {
+  PlanInput in;
+  const double margin = options_.policy == MemoryOptions::Policy::kAuto ? options_.margin : 0.0;
+  in.limit_bytes = static_cast<uint64_t>(double(device_->capacity_bytes()) * (1.0 - margin));
+  in.non_model_bytes = non_model_;
+  in.period_chunks = period_chunks_;
+  in.forward_periods = stage_count();
+  in.backward_periods = stage_count();
+  for (const Chunk& chunk : chunks_) in.param_bytes.push_back(chunk.payloads[0].bytes);
+  return in;
+}
+
+absl::Status ChunkManager::PlanAfterWarmup() {
+  const PlanInput in = MakePlanInput();
+  predicted_ = non_model_;
+  if (options_.policy == MemoryOptions::Policy::kStatic) {
+    // Static keeps to its split even where the trace says it will not fit:
+    // it then fails with the device's own out-of-memory error.
+    plan_ = PlanStatic(in, options_.static_param_host_fraction, options_.static_optimizer_host_fraction);
+    return absl::OkStatus();
+  }
+  plan_ = PlanAuto(in);
+  if (plan_.feasible) return absl::OkStatus();
+  const int p = plan_.binding_period;
+  const uint64_t need = plan_.need_bytes[static_cast<size_t>(p)];
+  const uint64_t activations = non_model_[static_cast<size_t>(p)];
+  const size_t largest = static_cast<size_t>(
+      std::max_element(non_model_.begin(), non_model_.end()) - non_model_.begin());
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "memory: the step does not fit the device even with every chunk streamed: period '",
+      PeriodName(p), "' needs ", Mib(need), " (", Mib(activations),
+      " of activations and workspace, ", Mib(need - activations),
+      " of its chunks' parameters and gradients) but the device has ", Mib(in.limit_bytes), " (",
+      Mib(device_->capacity_bytes()), " less a ", options_.margin * 100,
+      "% margin); the largest non-model period is '", PeriodName(static_cast<int>(largest)),
+      "' with ", Mib(non_model_[largest]),
+      ". Use a smaller train.batch_size or model.seq_len, recompute activations, or raise "
+      "memory.device_budget"));
+}
+
+void ChunkManager::ApplyPlan() {
+  const int optimizer = OptimizerPeriod();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Chunk& chunk = chunks_[c];
+    chunk.chunk_class = plan_.classes[c];
+    const bool homed = chunk.device_homed();
+    std::vector<int> stage_periods;
+    for (int s = 0; s < stage_count(); ++s) {
+      const auto& used = stage_chunks_[static_cast<size_t>(s)];
+      if (std::find(used.begin(), used.end(), static_cast<int>(c)) != used.end()) {
+        stage_periods.push_back(ForwardPeriod(s));
+        stage_periods.push_back(BackwardPeriod(s));
+      }
+    }
+    std::sort(stage_periods.begin(), stage_periods.end());
+    Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
+    Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+    Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+    p.uses = stage_periods;
+    g.uses.clear();
+    for (int period : stage_periods) {
+      if (period >= stage_count()) g.uses.push_back(period);
+    }
+    o.uses.clear();
+    if (homed) {
+      p.uses.push_back(optimizer);
+      g.uses.push_back(optimizer);
+      o.uses.push_back(optimizer);
+    }
+    p.pinned = chunk.chunk_class != ChunkClass::kStreamed;
+    o.pinned = homed;
+    g.pinned = false;
+  }
+  plan_applied_ = true;
+}
+
+void ChunkManager::Demote() {
+  // Back to the warm-up's placement: every chunk's optimizer on the host.
+  for (Chunk& chunk : chunks_) {
+    for (Payload& p : chunk.payloads) {
+      p.pinned = false;
+      Evict(p);
+    }
+  }
+  plan_.classes.assign(chunks_.size(), ChunkClass::kStreamed);
+  ApplyPlan();
+  plan_applied_ = false;
+}
+
+void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
+  stats_ = StepMemoryStats();
+  if (batch_shape != traced_shape_) {
+    if (!traced_shape_.empty()) Demote();
+    warmup_ = true;
+    traced_shape_ = batch_shape;
+    non_model_.assign(static_cast<size_t>(cycle()), 0);
+  } else if (!plan_applied_) {
+    ApplyPlan();
+  }
+  stats_.warmup = warmup_;
+  for (Chunk& chunk : chunks_) {
+    chunk.grad_started = false;
+    chunk.grad_reduced = false;
+  }
+  for (ManagedTensor& t : tensors_) t.uses_left = t.backward_uses;
+  backward_started_.assign(stages_.size(), false);
+  backward_done_.assign(stages_.size(), false);
+  grad_sq_sum_ = 0;
+}
+
+double ChunkManager::OptimizerStep(int64_t step, double lr, double max_grad_norm) {
+  const int period = OptimizerPeriod();
+  BeginPeriod(period, Needed(period));
+  const double total_norm = std::sqrt(grad_sq_sum_);
+  double scale = 1.0;
+  if (max_grad_norm > 0) {
+    // As torch::nn::utils::clip_grad_norm_ computes it.
+    const double coef = max_grad_norm / (total_norm + 1e-6);
+    if (coef < 1.0) scale = coef;
+  }
+  AdamWHyper hyper;
+  hyper.lr = lr;
+  hyper.beta1 = optimizer_.beta1;
+  hyper.beta2 = optimizer_.beta2;
+  hyper.eps = optimizer_.eps;
+  hyper.weight_decay = optimizer_.weight_decay;
+  hyper.step = step;
+  hyper.grad_scale = scale;
+  device_->SynchronizeTransfers();
+  for (Chunk& chunk : chunks_) {
+    Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
+    Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+    Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+    const int64_t n = chunk.used;
+    if (plan_applied_ && chunk.device_homed()) {
+      FlatAdamWStep(p.device.narrow(0, 0, n), g.device.narrow(0, 0, n), o.device.narrow(0, 0, n),
+                    o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
+      p.host_valid = false;
+      o.host_valid = false;
+      g.device_valid = false;
+    } else {
+      if (!p.host_valid || !g.host_valid) {
+        throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
+      }
+      EnsureHost(o);
+      HostAllocationScope host;
+      if (!chunk.optimizer_initialized) o.host.zero_();
+      FlatAdamWStep(p.host.narrow(0, 0, n), g.host.narrow(0, 0, n), o.host.narrow(0, 0, n),
+                    o.host.narrow(0, chunk.capacity, n), chunk.decay, hyper);
+      o.host_valid = true;
+      g.host_valid = false;
+      p.device_valid = false;
+      if (p.pinned) {
+        Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
+      } else {
+        Release(p);
+      }
+    }
+    chunk.optimizer_initialized = true;
+  }
+  for (ManagedTensor& t : tensors_) t.state = Transition(t.name, t.state, TensorState::kHold);
+  EndPeriod(period);
+  return total_norm;
+}
+
+StepMemoryStats ChunkManager::EndStep() {
+  for (const Chunk& chunk : chunks_) {
+    bool on_device = false;
+    for (const Payload& p : chunk.payloads) {
+      const int k = static_cast<int>(p.kind);
+      if (p.resident) {
+        stats_.device_bytes[k] += p.bytes;
+        on_device = true;
+      }
+      if (p.host.defined()) stats_.host_bytes[k] += p.bytes;
+    }
+    on_device ? ++stats_.device_chunks : ++stats_.host_chunks;
+  }
+  warmup_ = false;
+  return stats_;
+}
+
+PlacementReport ChunkManager::Placement() const {
+  PlacementReport r;
+  r.device = device_->name();
+  r.policy = PolicyName(options_.policy);
+  r.warmup = warmup_ || !plan_applied_;
+  r.capacity_bytes = device_->capacity_bytes();
+  r.limit_bytes = MakePlanInput().limit_bytes;
+  r.host_budget_bytes = options_.host_budget_bytes;
+  r.chunk_elements = layout_.chunk_elements;
+  r.chunk_waste_fraction = layout_.waste_fraction();
+  r.planned_traffic_bytes = plan_.traffic_bytes;
+  for (const Chunk& chunk : chunks_) {
+    std::string state;
+    for (int i : chunk.tensors) {
+      const std::string s = TensorStateName(tensors_[static_cast<size_t>(i)].state);
+      if (s == "compute" || state == "compute") {
+        state = "compute";
+      } else if (state.empty()) {
+        state = s;
+      } else if (state != s) {
+        state = "mixed";
+      }
+    }
+    for (const Payload& p : chunk.payloads) {
+      PayloadReport pr;
+      pr.id = absl::StrCat(std::string(1, PayloadKindName(p.kind)[0]), chunk.id);
+      pr.kind = p.kind;
+      pr.chunk = chunk.id;
+      const bool on_device = p.resident && p.device_valid;
+      pr.tier = on_device && p.host_valid ? "both" : on_device ? "device" : p.host_valid ? "host" : "none";
+      pr.bytes = p.bytes;
+      pr.state = state;
+      pr.chunk_class = chunk.chunk_class;
+      pr.tensors = static_cast<int>(chunk.tensors.size());
+      r.payloads.push_back(pr);
+    }
+  }
+  for (int p = 0; p < cycle(); ++p) {
+    PeriodReport period;
+    period.name = PeriodName(p);
+    period.non_model_bytes = p < static_cast<int>(non_model_.size()) ? non_model_[static_cast<size_t>(p)] : 0;
+    period.chunks = period_chunks_[static_cast<size_t>(p)];
+    r.trace.push_back(period);
+  }
+  return r;
+}
+
+std::string ChunkManager::ExplainOutOfMemory(const std::string& what) const {
+  size_t largest = 0;
+  for (size_t p = 0; p < non_model_.size(); ++p) {
+    if (non_model_[p] > non_model_[largest]) largest = p;
+  }
+  std::string advice =
+      options_.policy == MemoryOptions::Policy::kStatic
+          ? "static keeps its fixed split however little room is left; use memory.policy: auto, "
+            "which moves chunks as the step needs them, or raise memory.device_budget"
+          : "use a smaller train.batch_size or model.seq_len, or raise memory.device_budget";
+  return absl::StrCat("out of device memory in period '", PeriodName(current_period_), "' (",
+                      warmup_ ? "warm-up" : "steady", " step, ", PolicyName(options_.policy),
+                      " policy): ", Mib(DeviceModelBytes()), " of model data on the device of ",
+                      Mib(device_->capacity_bytes()), "; the largest non-model period so far is '",
+                      PeriodName(static_cast<int>(largest)), "' with ",
+                      Mib(non_model_.empty() ? 0 : non_model_[largest]), ". ", advice, " (", what, ")");
+}
+
+}  // namespace ferry

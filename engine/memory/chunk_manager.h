@@ -1,0 +1,259 @@
+#pragma once
+
+// The heterogeneous memory manager: keeps a model's parameters, gradients and
+// optimizer states in flat chunks, moves them between the device and the host
+// as each period of the training step needs them, and runs the optimizer
+// where each chunk's optimizer states live.
+//
+// A step is a fixed cycle of periods: the forward of each stage (in order),
+// the backward of each stage (in reverse), then the optimizer. The caller
+// runs each stage's forward through RunStage(); autograd hooks placed there
+// mark the backward periods. The first step (and the first after the batch
+// shape changes) is a warm-up: chunks are fetched only for the period that
+// needs them and released right after, while the manager records how much
+// non-model memory (activations, workspace) each period uses. The policy then
+// plans where every chunk lives (see placement_plan.h), and later steps keep
+// to that plan, evicting the payload whose next use is farthest when room is
+// short and prefetching the next period's chunks when room allows.
+//
+// Parameter tensors become views of their chunk's device buffer, and their
+// .grad views of the gradient chunk's. A buffer that is not resident points
+// at memory that faults on access, so a period that touches a chunk it did
+// not declare is caught.
+//
+// Not thread-safe: one training loop drives it.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/memory/chunk_layout.h"
+#include "engine/memory/memory_device.h"
+#include "engine/memory/placement_plan.h"
+#include "engine/memory/tensor_state.h"
+#include "engine/optim/flat_adamw.h"
+
+namespace ferry {
+
+struct MemoryOptions {
+  enum class Policy { kAuto, kStatic };
+  Policy policy = Policy::kAuto;
+  // Host bytes for model data (host copies of chunks); 0: no limit.
+  uint64_t host_budget_bytes = 0;
+  // Elements per chunk; 0 searches for the size that wastes least.
+  int64_t chunk_elements = 0;
+  // The search tries multiples of this (the model's hidden size).
+  int64_t chunk_step_elements = 1024;
+  // Chunks in the search's target layout.
+  int target_chunks = 8;
+  // static: fractions of chunks whose parameters / optimizer states live on
+  // the host. (0, 1) is ZeRO-Offload's split.
+  double static_param_host_fraction = 0.0;
+  double static_optimizer_host_fraction = 1.0;
+  // auto: fraction of the device kept free beyond the predicted need.
+  double margin = 0.05;
+  // auto: fetch the next period's chunks ahead of time when room allows.
+  bool prefetch = true;
+};
+
+const char* PolicyName(MemoryOptions::Policy policy);
+
+// A model parameter handed to the manager.
+struct ManagedParam {
+  std::string name;
+  at::Tensor tensor;
+  // Whether AdamW's weight decay applies.
+  bool decay = true;
+};
+
+// A stage of the forward: a name and the parameters it computes with.
+struct StageParams {
+  std::string name;
+  std::vector<int> params;
+};
+
+// Hyper-parameters of the optimizer that do not change over training.
+struct OptimizerOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+enum class PayloadKind { kParam = 0, kGrad = 1, kOptimizer = 2 };
+const char* PayloadKindName(PayloadKind kind);
+
+// What one step did.
+struct StepMemoryStats {
+  bool warmup = false;
+  uint64_t host_to_device_bytes = 0;
+  uint64_t device_to_host_bytes = 0;
+  int evictions = 0;
+  int prefetch_hits = 0;
+  int prefetch_misses = 0;
+  // Largest non-model memory of any period of the step.
+  uint64_t peak_non_model_bytes = 0;
+  uint64_t peak_device_bytes = 0;
+  // Largest relative error of the non-model prediction over the step's
+  // periods (steady steps only).
+  double prediction_error = 0;
+  // Model data by tier and kind at the end of the step.
+  uint64_t device_bytes[3] = {0, 0, 0};
+  uint64_t host_bytes[3] = {0, 0, 0};
+  int device_chunks = 0;
+  int host_chunks = 0;
+};
+
+struct PayloadReport {
+  // "p3", "g3", "o3".
+  std::string id;
+  PayloadKind kind = PayloadKind::kParam;
+  int chunk = 0;
+  // "device", "host", "both" (current on both), or "none" (not materialised).
+  std::string tier;
+  uint64_t bytes = 0;
+  // The chunk's tensors' state: "compute" if any computes, else the state
+  // they share, else "mixed".
+  std::string state;
+  ChunkClass chunk_class = ChunkClass::kStreamed;
+  int tensors = 0;
+};
+
+struct PeriodReport {
+  std::string name;
+  uint64_t non_model_bytes = 0;
+  std::vector<int> chunks;
+};
+
+struct PlacementReport {
+  std::string device;
+  std::string policy;
+  bool warmup = true;
+  uint64_t capacity_bytes = 0;
+  // What the policy plans to fill: capacity less the margin.
+  uint64_t limit_bytes = 0;
+  uint64_t host_budget_bytes = 0;
+  int64_t chunk_elements = 0;
+  double chunk_waste_fraction = 0;
+  std::vector<PayloadReport> payloads;
+  std::vector<PeriodReport> trace;
+  // Planned bytes moved per steady step.
+  uint64_t planned_traffic_bytes = 0;
+};
+
+class ChunkManager {
+ public:
+  // Takes over `params` (their data moves into chunks, whose host copies
+  // start with the parameters' current values) for a model run as `stages`.
+  // RESOURCE_EXHAUSTED when the host budget cannot hold the parameters,
+  // INVALID_ARGUMENT for a chunk size that cannot hold a parameter.
+  static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(MemoryDevice* device,
+                                                              std::vector<ManagedParam> params,
+                                                              std::vector<StageParams> stages,
+                                                              const MemoryOptions& options,
+                                                              const OptimizerOptions& optimizer);
+  ~ChunkManager();
+
+  // Starts a step. A batch shape other than the last traced one starts a
+  // warm-up.
+  void BeginStep(const std::vector<int64_t>& batch_shape);
+  // Runs stage `stage`'s forward, `fn(input)`, with its chunks on the device,
+  // and hooks its backward.
+  at::Tensor RunStage(int stage, const at::Tensor& input,
+                      const std::function<at::Tensor(const at::Tensor&)>& fn);
+  // After loss.backward(): closes the backward periods the hooks could not
+  // (stages whose input needs no gradient). At the end of a warm-up, plans
+  // the placement; RESOURCE_EXHAUSTED, with the numbers and what to change,
+  // when no placement fits the device.
+  absl::Status FinishBackward();
+  // Clips the gradients to `max_grad_norm` (0: no clipping) and runs AdamW on
+  // every chunk where its optimizer states live. Returns the global gradient
+  // norm before clipping.
+  double OptimizerStep(int64_t step, double lr, double max_grad_norm);
+  StepMemoryStats EndStep();
+
+  PlacementReport Placement() const;
+  // A message for an out-of-memory error raised during the step: where it
+  // happened, what was on the device, and what to change.
+  std::string ExplainOutOfMemory(const std::string& what) const;
+
+  const ChunkLayout& layout() const { return layout_; }
+  bool warmup() const { return warmup_; }
+
+  // Called by the backward hooks.
+  void PreBackward(int stage);
+  void PostBackward(int stage);
+
+ private:
+  struct Payload;
+  struct Chunk;
+  struct ManagedTensor;
+
+  ChunkManager(MemoryDevice* device, MemoryOptions options, OptimizerOptions optimizer);
+
+  int ForwardPeriod(int stage) const { return stage; }
+  int BackwardPeriod(int stage) const { return 2 * stage_count() - 1 - stage; }
+  int OptimizerPeriod() const { return 2 * stage_count(); }
+  int stage_count() const { return static_cast<int>(stages_.size()); }
+  int cycle() const { return 2 * stage_count() + 1; }
+  std::string PeriodName(int period) const;
+
+  Payload& payload(int chunk, PayloadKind kind);
+  const Payload& payload(int chunk, PayloadKind kind) const;
+
+  void Materialize(Payload& p);
+  void Release(Payload& p);
+  void EnsureHost(Payload& p);
+  void Evict(Payload& p);
+  // Makes the payload current on the device.
+  void Fetch(Payload& p, bool prefetch);
+  void MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep);
+  void Prepare(int period, const std::vector<Payload*>& needed);
+  void Prefetch(int period);
+  std::vector<Payload*> Needed(int period);
+  uint64_t DeviceModelBytes() const;
+  uint64_t Predicted(int period) const;
+
+  void BeginPeriod(int period, const std::vector<Payload*>& needed);
+  void EndPeriod(int period);
+  void SetStates(int stage, TensorState to);
+  void Reduce(Chunk& chunk);
+  void ApplyPlan();
+  void Demote();
+  bool Preserve(const Payload& p) const;
+  absl::Status PlanAfterWarmup();
+  void ReleaseAfterPeriod(int period);
+  PlanInput MakePlanInput() const;
+
+  MemoryDevice* device_;
+  MemoryOptions options_;
+  OptimizerOptions optimizer_;
+  ChunkLayout layout_;
+  std::vector<ManagedTensor> tensors_;
+  std::vector<Chunk> chunks_;
+  std::vector<StageParams> stages_;
+  std::vector<std::vector<int>> stage_chunks_;
+  std::vector<std::vector<int>> period_chunks_;
+
+  Plan plan_;
+  bool plan_applied_ = false;
+  bool warmup_ = true;
+  std::vector<int64_t> traced_shape_;
+  std::vector<uint64_t> non_model_;   // per period, from the last warm-up
+  std::vector<uint64_t> predicted_;   // per period, for steady steps
+  std::vector<bool> backward_started_;  // per stage, this step
+  std::vector<bool> backward_done_;     // per stage, this step
+  int current_period_ = -1;
+  uint64_t period_model_bytes_ = 0;
+  double grad_sq_sum_ = 0;
+  uint64_t host_model_bytes_ = 0;
+  StepMemoryStats stats_;
+};
+
+}  // namespace ferry

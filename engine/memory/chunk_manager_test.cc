@@ -1,0 +1,345 @@
+#include "engine/memory/chunk_manager.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "engine/memory/simulated_device.h"
+
+namespace ferry {
+namespace {
+
+// Four stages of a small MLP; the last also uses the first layer's weight
+// (a tied weight, as a GPT's embedding).
+struct ToyModel {
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, l4{nullptr};
+  ToyModel() {
+    torch::manual_seed(7);
+    HostAllocationScope host;
+    l1 = torch::nn::Linear(16, 32);
+    l2 = torch::nn::Linear(32, 32);
+    l3 = torch::nn::Linear(32, 32);
+    l4 = torch::nn::Linear(32, 1);
+  }
+  std::vector<ManagedParam> Params() {
+    return {{"l1.weight", l1->weight, true}, {"l1.bias", l1->bias, false},
+            {"l2.weight", l2->weight, true}, {"l2.bias", l2->bias, false},
+            {"l3.weight", l3->weight, true}, {"l3.bias", l3->bias, false},
+            {"l4.weight", l4->weight, true}, {"l4.bias", l4->bias, false}};
+  }
+  static std::vector<StageParams> Stages() {
+    return {{"s0", {0, 1}}, {"s1", {2, 3}}, {"s2", {4, 5}}, {"s3", {6, 7, 0}}};
+  }
+  torch::Tensor Stage(int s, const torch::Tensor& x) {
+    switch (s) {
+      case 0:
+        return torch::tanh(l1->forward(x));
+      case 1:
+        return torch::tanh(l2->forward(x));
+      case 2:
+        return torch::tanh(l3->forward(x));
+      default:
+        return l4->forward(x) + 0.1 * x.matmul(l1->weight).sum(-1, true);
+    }
+  }
+};
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<StepMemoryStats> stats;
+  PlacementReport placement;
+};
+
+torch::Tensor Batch(int step, torch::Tensor* target) {
+  torch::manual_seed(1000 + step);
+  HostAllocationScope host;
+  torch::Tensor x = torch::randn({8, 16});
+  *target = x.sum(-1, true).sin();
+  return x;
+}
+
+RunResult Train(uint64_t capacity, MemoryOptions options, int steps, double clip = 0.0) {
+  SimulatedDevice device(capacity);
+  ToyModel model;
+  options.chunk_elements = 1100;
+  OptimizerOptions optimizer;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, optimizer);
+  EXPECT_TRUE(manager.ok()) << manager.status();
+  RunResult result;
+  for (int step = 1; step <= steps; ++step) {
+    torch::Tensor target;
+    torch::Tensor x = Batch(step, &target);
+    (*manager)->BeginStep({8, 16});
+    for (int s = 0; s < 4; ++s) {
+      x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
+        torch::Tensor y = model.Stage(s, in);
+        return s == 3 ? torch::mse_loss(y, target) : y;
+      });
+    }
+    result.losses.push_back(x.item<float>());
+    x.backward();
+    absl::Status finished = (*manager)->FinishBackward();
+    EXPECT_TRUE(finished.ok()) << finished;
+    (*manager)->OptimizerStep(step, 0.01, clip);
+    result.stats.push_back((*manager)->EndStep());
+  }
+  result.placement = (*manager)->Placement();
+  return result;
+}
+
+// The same model and data with plain tensors and torch::optim::AdamW.
+std::vector<float> TrainPlain(int steps) {
+  ToyModel model;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto decayed = std::make_unique<torch::optim::AdamWOptions>(0.01);
+  decayed->betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
+  auto plain = std::make_unique<torch::optim::AdamWOptions>(0.01);
+  plain->betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0);
+  groups.emplace_back(std::vector<torch::Tensor>{model.l1->weight, model.l2->weight, model.l3->weight,
+                                                 model.l4->weight},
+                      std::move(decayed));
+  groups.emplace_back(std::vector<torch::Tensor>{model.l1->bias, model.l2->bias, model.l3->bias,
+                                                 model.l4->bias},
+                      std::move(plain));
+  torch::optim::AdamW adamw(groups, torch::optim::AdamWOptions(0.01));
+  std::vector<float> losses;
+  for (int step = 1; step <= steps; ++step) {
+    torch::Tensor target;
+    torch::Tensor x = Batch(step, &target);
+    for (int s = 0; s < 4; ++s) x = model.Stage(s, x);
+    torch::Tensor loss = torch::mse_loss(x, target);
+    losses.push_back(loss.item<float>());
+    adamw.zero_grad();
+    loss.backward();
+    adamw.step();
+  }
+  return losses;
+}
+
+constexpr uint64_t kAmple = 64 << 20;
+
+TEST(ChunkManagerTest, ChunkedTrainingIsPlainTrainingBitForBit) {
+  RunResult chunked = Train(kAmple, {}, 12);
+  std::vector<float> plain = TrainPlain(12);
+  ASSERT_EQ(chunked.losses.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(chunked.losses[i], plain[i]) << "step " << i + 1;
+  EXPECT_LT(chunked.losses.back(), chunked.losses.front());
+}
+
+TEST(ChunkManagerTest, AnAmpleDeviceHomesEverythingAndMovesNothingOnceWarm) {
+  RunResult r = Train(kAmple, {}, 4);
+  EXPECT_TRUE(r.stats[0].warmup);
+  EXPECT_GT(r.stats[0].host_to_device_bytes, 0u) << "warm-up streams chunks";
+  for (size_t s = 2; s < r.stats.size(); ++s) {
+    EXPECT_FALSE(r.stats[s].warmup);
+    EXPECT_EQ(r.stats[s].host_to_device_bytes, 0u) << "step " << s + 1;
+    EXPECT_EQ(r.stats[s].device_to_host_bytes, 0u) << "step " << s + 1;
+    EXPECT_EQ(r.stats[s].evictions, 0);
+  }
+  EXPECT_FALSE(r.placement.warmup);
+  for (const PayloadReport& p : r.placement.payloads) {
+    EXPECT_EQ(p.chunk_class, ChunkClass::kDeviceHomed) << p.id;
+  }
+  EXPECT_EQ(r.placement.planned_traffic_bytes, 0u);
+}
+
+// Capacity that holds the activations and a few chunks but not the whole
+// model's parameters, gradients and optimizer states.
+uint64_t TightCapacity() {
+  // Chunks of 1100 floats: P and G 4400 bytes each, O 8800; three chunks.
+  return 34000;
+}
+
+TEST(ChunkManagerTest, ATightBudgetMovesChunksAndKeepsTheLossesExact) {
+  RunResult ample = Train(kAmple, {}, 10);
+  RunResult tight = Train(TightCapacity(), {}, 10);
+  for (size_t i = 0; i < ample.losses.size(); ++i) {
+    EXPECT_EQ(tight.losses[i], ample.losses[i]) << "step " << i + 1;
+  }
+  uint64_t moved = 0;
+  for (size_t s = 1; s < tight.stats.size(); ++s) {
+    moved += tight.stats[s].host_to_device_bytes + tight.stats[s].device_to_host_bytes;
+    EXPECT_LE(tight.stats[s].peak_device_bytes, TightCapacity());
+  }
+  EXPECT_GT(moved, 0u);
+  bool some_on_host = false;
+  for (const PayloadReport& p : tight.placement.payloads) some_on_host |= p.chunk_class != ChunkClass::kDeviceHomed;
+  EXPECT_TRUE(some_on_host);
+}
+
+TEST(ChunkManagerTest, StaticKeepsZeroOffloadsSplit) {
+  MemoryOptions options;
+  options.policy = MemoryOptions::Policy::kStatic;
+  RunResult r = Train(kAmple, options, 4);
+  RunResult ample = Train(kAmple, {}, 4);
+  for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], ample.losses[i]);
+  // Every step once the parameters are pinned (the first steady step fetches
+  // them): each gradient chunk out, each updated parameter chunk back in.
+  const uint64_t chunk_bytes = 1100 * 4;
+  for (size_t s = 2; s < r.stats.size(); ++s) {
+    EXPECT_EQ(r.stats[s].device_to_host_bytes, 3 * chunk_bytes) << "step " << s + 1;
+    EXPECT_EQ(r.stats[s].host_to_device_bytes, 3 * chunk_bytes) << "step " << s + 1;
+  }
+  for (const PayloadReport& p : r.placement.payloads) {
+    EXPECT_EQ(p.chunk_class, ChunkClass::kPinnedParams) << p.id;
+  }
+}
+
+// The plan's view of a finished run: its warm-up trace and chunk sizes.
+PlanInput FromReport(const PlacementReport& r, uint64_t limit) {
+  PlanInput in;
+  in.limit_bytes = limit;
+  in.forward_periods = in.backward_periods = static_cast<int>(r.trace.size() - 1) / 2;
+  for (const PeriodReport& p : r.trace) {
+    in.non_model_bytes.push_back(p.non_model_bytes);
+    in.period_chunks.push_back(p.chunks);
+  }
+  for (const PayloadReport& p : r.payloads) {
+    if (p.kind == PayloadKind::kParam) in.param_bytes.push_back(p.bytes);
+  }
+  return in;
+}
+
+uint64_t Need(const Plan& plan) { return plan.need_bytes[static_cast<size_t>(plan.binding_period)]; }
+
+TEST(ChunkManagerTest, StaticRunsOutOfMemoryWhereAutoFits) {
+  RunResult ample = Train(kAmple, {}, 3);
+  const PlanInput in = FromReport(ample.placement, kAmple);
+  const uint64_t zero_offload_need = Need(PlanStatic(in, 0.0, 1.0));
+  const uint64_t streamed_need = Need(EvaluatePlan(in, std::vector<ChunkClass>(3, ChunkClass::kStreamed)));
+  ASSERT_LT(streamed_need * 1.2, double(zero_offload_need)) << "the toy must leave a gap";
+  const uint64_t capacity = (streamed_need * 11 / 10 + zero_offload_need) / 2;
+
+  MemoryOptions static_options;
+  static_options.policy = MemoryOptions::Policy::kStatic;
+  EXPECT_THROW(Train(capacity, static_options, 3), c10::OutOfMemoryError);
+  RunResult automatic = Train(capacity, {}, 3);
+  for (size_t i = 0; i < ample.losses.size(); ++i) EXPECT_EQ(automatic.losses[i], ample.losses[i]);
+}
+
+TEST(ChunkManagerTest, ImpossibleBudgetFailsAfterWarmUpWithTheNumbers) {
+  RunResult ample = Train(kAmple, {}, 1);
+  const uint64_t streamed_need = Need(EvaluatePlan(FromReport(ample.placement, kAmple),
+                                                   std::vector<ChunkClass>(3, ChunkClass::kStreamed)));
+  // The warm-up fits, but not with the margin the plan keeps.
+  SimulatedDevice device(streamed_need * 11 / 10);
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  options.margin = 0.3;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  ASSERT_TRUE(manager.ok());
+  torch::Tensor target;
+  torch::Tensor x = Batch(1, &target);
+  (*manager)->BeginStep({8, 16});
+  for (int s = 0; s < 4; ++s) {
+    x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
+      torch::Tensor y = model.Stage(s, in);
+      return s == 3 ? torch::mse_loss(y, target) : y;
+    });
+  }
+  x.backward();
+  absl::Status s = (*manager)->FinishBackward();
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("even with every chunk streamed"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("needs"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("memory.device_budget"), std::string::npos) << s;
+}
+
+TEST(ChunkManagerTest, OutOfMemoryIsExplainedWithTheNumbers) {
+  SimulatedDevice device(6000);
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  ASSERT_TRUE(manager.ok());
+  torch::Tensor target;
+  torch::Tensor x = Batch(1, &target);
+  (*manager)->BeginStep({8, 16});
+  try {
+    for (int s = 0; s < 4; ++s) {
+      x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) { return model.Stage(s, in); });
+    }
+    FAIL() << "6000 bytes cannot hold the step";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string message = (*manager)->ExplainOutOfMemory(e.what_without_backtrace());
+    EXPECT_NE(message.find("out of device memory in period 'forward s"), std::string::npos) << message;
+    EXPECT_NE(message.find("warm-up"), std::string::npos) << message;
+    EXPECT_NE(message.find("train.batch_size"), std::string::npos) << message;
+  }
+}
+
+TEST(ChunkManagerTest, HostBudgetIsEnforced) {
+  SimulatedDevice device(kAmple);
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  options.host_budget_bytes = 10000;  // less than the four parameter chunks
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  EXPECT_EQ(manager.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(manager.status().message().find("memory.host_budget"), std::string::npos);
+}
+
+TEST(ChunkManagerTest, ANewBatchShapeRedoesTheWarmUp) {
+  SimulatedDevice device(kAmple);
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  ASSERT_TRUE(manager.ok());
+  std::vector<bool> warmups;
+  for (int step = 1; step <= 5; ++step) {
+    const int64_t batch = step <= 3 ? 8 : 32;
+    HostAllocationScope host_batch;
+    torch::Tensor x = torch::randn({batch, 16}), target = torch::zeros({batch, 1});
+    (*manager)->BeginStep({batch, 16});
+    for (int s = 0; s < 4; ++s) {
+      x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
+        torch::Tensor y = model.Stage(s, in);
+        return s == 3 ? torch::mse_loss(y, target) : y;
+      });
+    }
+    x.backward();
+    ASSERT_TRUE((*manager)->FinishBackward().ok());
+    (*manager)->OptimizerStep(step, 0.01, 1.0);
+    warmups.push_back((*manager)->EndStep().warmup);
+  }
+  EXPECT_EQ(warmups, (std::vector<bool>{true, false, false, true, false}));
+}
+
+TEST(ChunkManagerTest, PlacementReportsEveryChunkAndTheTrace) {
+  RunResult r = Train(TightCapacity(), {}, 3);
+  EXPECT_EQ(r.placement.payloads.size(), 9u) << "three payloads for each of three chunks";
+  EXPECT_EQ(r.placement.payloads[0].id, "p0");
+  EXPECT_EQ(r.placement.payloads[2].id, "o0");
+  EXPECT_EQ(r.placement.trace.size(), 9u);
+  EXPECT_EQ(r.placement.trace[0].name, "forward s0");
+  EXPECT_EQ(r.placement.trace[4].name, "backward s3");
+  EXPECT_EQ(r.placement.trace[8].name, "optimizer");
+  EXPECT_EQ(r.placement.trace[7].chunks, (std::vector<int>{0}));
+  EXPECT_GT(r.placement.trace[3].non_model_bytes, 0u);
+  EXPECT_EQ(r.placement.capacity_bytes, TightCapacity());
+}
+
+TEST(ChunkManagerTest, TouchingAChunkThePeriodDidNotDeclareFaults) {
+  EXPECT_DEATH(
+      {
+        SimulatedDevice device(kAmple);
+        ToyModel model;
+        MemoryOptions options;
+        options.chunk_elements = 1100;
+        // Stage 1 does not declare l2's parameters, so they are not resident.
+        auto manager = ChunkManager::Create(&device, model.Params(),
+                                            {{"s0", {0, 1}}, {"s1", {}}, {"s2", {4, 5}}, {"s3", {6, 7, 0, 2, 3}}},
+                                            options, {});
+        torch::Tensor target;
+        torch::Tensor x = Batch(1, &target);
+        (*manager)->BeginStep({8, 16});
+        for (int s = 0; s < 2; ++s) {
+          x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) { return model.Stage(s, in); });
+        }
+      },
+      "");
+}
+
+}  // namespace
+}  // namespace ferry
