@@ -73,18 +73,6 @@ const char* PolicyName(MemoryOptions::Policy policy) {
   return policy == MemoryOptions::Policy::kAuto ? "auto" : "static";
 }
 
-const char* PayloadKindName(PayloadKind kind) {
-  switch (kind) {
-    case PayloadKind::kParam:
-      return "param";
-    case PayloadKind::kGrad:
-      return "grad";
-    case PayloadKind::kOptimizer:
-      return "optimizer";
-  }
-  return "unknown";
-}
-
 struct ChunkManager::Payload {
   PayloadKind kind = PayloadKind::kParam;
   int chunk = 0;

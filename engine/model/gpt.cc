@@ -18,16 +18,12 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
 
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
-    : heads_(config.heads) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask)
+    : heads_(config.heads), causal_mask_(std::move(causal_mask)) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.hidden, 3 * config.hidden));
   c_proj = register_module("c_proj", torch::nn::Linear(config.hidden, config.hidden));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
-  // A buffer, not a parameter: it moves with the module and is not trained.
-  causal_mask_ = register_buffer(
-      "causal_mask",
-      torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -64,9 +60,9 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return dropout_->forward(c_proj->forward(hidden));
 }
 
-BlockImpl::BlockImpl(const GptConfig& config) {
+BlockImpl::BlockImpl(const GptConfig& config, torch::Tensor causal_mask) {
   ln_1 = register_module("ln_1", MakeLayerNorm(config.hidden));
-  attn = register_module("attn", CausalSelfAttention(config));
+  attn = register_module("attn", CausalSelfAttention(config, std::move(causal_mask)));
   ln_2 = register_module("ln_2", MakeLayerNorm(config.hidden));
   mlp = register_module("mlp", Mlp(config));
 }
@@ -80,8 +76,12 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config) {
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.hidden));
   wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
   drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
+  // A buffer, not a parameter: it moves with the model and is not trained.
+  // Blocks hold the same tensor, so moving it moves theirs.
+  causal_mask_ = register_buffer(
+      "causal_mask", torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config));
+  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config, causal_mask_));
   ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
 
   torch::NoGradGuard no_grad;

@@ -21,7 +21,9 @@ namespace ferry {
 // Multi-head self-attention where position t attends to positions <= t.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  // `causal_mask`: lower-triangular [seq_len, seq_len] bool, true where
+  // attention is allowed; shared by every block of the model.
+  CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask);
   // x: [batch, time, hidden] -> [batch, time, hidden].
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -32,7 +34,6 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int64_t heads_;
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout resid_dropout_{nullptr};
-  // Lower-triangular [seq_len, seq_len] mask, true where attention is allowed.
   torch::Tensor causal_mask_;
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -53,7 +54,7 @@ TORCH_MODULE(Mlp);
 // A pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptConfig& config);
+  BlockImpl(const GptConfig& config, torch::Tensor causal_mask);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -93,6 +94,8 @@ class GptImpl : public torch::nn::Module {
  private:
   GptConfig config_;
   torch::nn::Dropout drop_{nullptr};
+  // The one causal mask every block uses (a buffer: it moves with the model).
+  torch::Tensor causal_mask_;
 };
 TORCH_MODULE(Gpt);
 

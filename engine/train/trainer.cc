@@ -10,8 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/host_info.h"
+#include "engine/common/status_macros.h"
 #include "engine/common/torch_status.h"
-#include "engine/device/device.h"
+#include "engine/memory/simulated_device.h"
 #include "engine/model/gpt.h"
 #include "engine/train/lr_schedule.h"
 
@@ -24,126 +25,287 @@ uint64_t TensorBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
 }
 
-// Parameters (and their names) split into those AdamW decays — matrices and
-// embedding tables — and the rest: biases and LayerNorm gains.
-std::vector<torch::optim::OptimizerParamGroup> ParamGroups(torch::nn::Module& model,
-                                                           const TrainOptions& options) {
-  std::vector<torch::Tensor> decay, no_decay;
-  for (const torch::Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto adamw = [&](double weight_decay) {
-    auto o = std::make_unique<torch::optim::AdamWOptions>(options.lr);
-    o->betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(weight_decay);
-    return o;
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, adamw(options.weight_decay));
-  groups.emplace_back(no_decay, adamw(0.0));
-  return groups;
-}
+bool Decays(const torch::Tensor& p) { return p.dim() >= 2; }
+
+// One training step, whichever engine runs it.
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  // Forward, backward and update; returns the loss and the gradient norm.
+  virtual absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets,
+                            int64_t step, double lr, double* loss, double* grad_norm) = 0;
+  // Fills the memory part of the report.
+  virtual void Report(StepReport* report) = 0;
+  virtual std::string ExplainOutOfMemory(const std::string& what) const = 0;
+};
+
+// The plain LibTorch loop: the model on the device, torch::optim::AdamW.
+class PlainEngine : public StepEngine {
+ public:
+  PlainEngine(Gpt model, const TrainOptions& options, MemoryDevice* device)
+      : model_(std::move(model)), device_(device) {
+    model_->to(device->compute_device());
+    // On the simulated device the model was built as host memory; give it
+    // device memory so that it counts against the capacity.
+    if (device->compute_device().is_cpu()) {
+      for (torch::Tensor& p : model_->parameters()) p.set_data(p.detach().clone());
+      for (torch::Tensor& b : model_->buffers()) b.set_data(b.detach().clone());
+    }
+    params_ = model_->parameters();
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const torch::Tensor& p : params_) (Decays(p) ? decay : no_decay).push_back(p);
+    auto adamw = [&](double weight_decay) {
+      auto o = std::make_unique<torch::optim::AdamWOptions>(options.lr);
+      o->betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(weight_decay);
+      return o;
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, adamw(options.weight_decay));
+    groups.emplace_back(no_decay, adamw(0.0));
+    optimizer_ = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(options.lr));
+    max_norm_ = options.grad_clip > 0 ? options.grad_clip : std::numeric_limits<double>::infinity();
+  }
+
+  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int64_t, double lr,
+                    double* loss, double* grad_norm) override {
+    for (auto& group : optimizer_->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer_->zero_grad();
+    torch::Tensor l = GptImpl::Loss(model_->forward(inputs), targets);
+    l.backward();
+    *grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
+    optimizer_->step();
+    *loss = l.item<double>();
+    return absl::OkStatus();
+  }
+
+  void Report(StepReport* report) override {
+    uint64_t param_bytes = 0, grad_bytes = 0, state_bytes = 0;
+    for (const torch::Tensor& p : params_) {
+      param_bytes += TensorBytes(p);
+      grad_bytes += TensorBytes(p.grad());
+    }
+    for (const auto& entry : optimizer_->state()) {
+      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
+      state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
+    }
+    const uint64_t model = param_bytes + grad_bytes + state_bytes;
+    const uint64_t in_use = device_->allocated_bytes();
+    report->device_memory_bytes = in_use;
+    report->memory = {{"device", "param", param_bytes},
+                      {"device", "grad", grad_bytes},
+                      {"device", "optimizer", state_bytes},
+                      {"device", "activation", in_use > model ? in_use - model : 0}};
+  }
+
+  std::string ExplainOutOfMemory(const std::string& what) const override {
+    return absl::StrCat("out of device memory with the whole model on the device: ", what);
+  }
+
+ private:
+  Gpt model_;
+  MemoryDevice* device_;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  double max_norm_;
+};
+
+// The model's data in chunks, placed by the memory manager; the forward run
+// stage by stage: the embeddings, each block, the head with the loss.
+class ChunkedEngine : public StepEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChunkedEngine>> Create(Gpt model, const TrainOptions& train,
+                                                               MemoryOptions memory, MemoryDevice* device,
+                                                               TrainingObserver* observer) {
+    std::unique_ptr<ChunkedEngine> e(new ChunkedEngine(std::move(model), train, device, observer));
+    RETURN_IF_ERROR(e->Init(std::move(memory)));
+    return e;
+  }
+
+  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int64_t step, double lr,
+                    double* loss, double* grad_norm) override {
+    GptImpl& gpt = *model_;
+    manager_->BeginStep(inputs.sizes().vec());
+    torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
+    for (int64_t i = 0; i < gpt.block_count(); ++i) {
+      x = manager_->RunStage(static_cast<int>(1 + i), x,
+                             [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
+    }
+    torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
+                                         [&](const torch::Tensor& t) {
+                                           return GptImpl::Loss(gpt.Head(t), targets);
+                                         });
+    *loss = l.item<double>();
+    l.backward();
+    l = torch::Tensor();
+    x = torch::Tensor();
+    RETURN_IF_ERROR(manager_->FinishBackward());
+    *grad_norm = manager_->OptimizerStep(step, lr, train_.grad_clip);
+    stats_ = manager_->EndStep();
+    observer_->OnPlacement(manager_->Placement());
+    return absl::OkStatus();
+  }
+
+  void Report(StepReport* report) override {
+    report->memory_stats = stats_;
+    report->device_memory_bytes = stats_.peak_device_bytes;
+    static const char* kKinds[] = {"param", "grad", "optimizer"};
+    for (int k = 0; k < 3; ++k) {
+      report->memory.push_back({"device", kKinds[k], stats_.device_bytes[k]});
+      report->memory.push_back({"host", kKinds[k], stats_.host_bytes[k]});
+    }
+    report->memory.push_back({"device", "activation", stats_.peak_non_model_bytes});
+  }
+
+  std::string ExplainOutOfMemory(const std::string& what) const override {
+    return manager_->ExplainOutOfMemory(what);
+  }
+
+ private:
+  ChunkedEngine(Gpt model, const TrainOptions& train, MemoryDevice* device, TrainingObserver* observer)
+      : model_(std::move(model)), train_(train), device_(device), observer_(observer) {}
+
+  absl::Status Init(MemoryOptions memory) {
+    // Buffers (the causal mask) live on the device; parameters go to chunks.
+    for (torch::Tensor& b : model_->buffers()) {
+      b.set_data(b.detach().to(device_->compute_device(), /*non_blocking=*/false, /*copy=*/true));
+    }
+    std::vector<ManagedParam> params;
+    std::map<std::string, int> index;
+    for (const auto& item : model_->named_parameters()) {
+      index[item.key()] = static_cast<int>(params.size());
+      params.push_back({item.key(), item.value(), Decays(item.value())});
+    }
+    auto of = [&](std::initializer_list<const char*> names) {
+      std::vector<int> ids;
+      for (const char* n : names) ids.push_back(index.at(n));
+      return ids;
+    };
+    std::vector<StageParams> stages;
+    stages.push_back({"embed", of({"wte.weight", "wpe.weight"})});
+    for (int64_t i = 0; i < model_->block_count(); ++i) {
+      const std::string prefix = absl::StrCat("h.", i, ".");
+      std::vector<int> ids;
+      for (const auto& [name, id] : index) {
+        if (name.rfind(prefix, 0) == 0) ids.push_back(id);
+      }
+      stages.push_back({absl::StrCat("h.", i), ids});
+    }
+    stages.push_back({"head", of({"ln_f.weight", "ln_f.bias", "wte.weight"})});
+    if (memory.chunk_step_elements <= 0) memory.chunk_step_elements = model_->config().hidden;
+    OptimizerOptions optimizer;
+    optimizer.beta1 = train_.beta1;
+    optimizer.beta2 = train_.beta2;
+    optimizer.eps = train_.eps;
+    optimizer.weight_decay = train_.weight_decay;
+    ASSIGN_OR_RETURN(manager_, ChunkManager::Create(device_, std::move(params), std::move(stages),
+                                                    memory, optimizer));
+    const ChunkLayout& layout = manager_->layout();
+    observer_->OnLog(LogLevel::kInfo,
+                     absl::StrFormat("memory: %d chunks of %d elements (%.2f%% unused), %s policy on %s "
+                                     "with %.1f MiB",
+                                     layout.chunk_count(), layout.chunk_elements,
+                                     100.0 * layout.waste_fraction(), PolicyName(memory.policy),
+                                     device_->name(), double(device_->capacity_bytes()) / (1 << 20)));
+    return absl::OkStatus();
+  }
+
+  Gpt model_;
+  TrainOptions train_;
+  MemoryDevice* device_;
+  TrainingObserver* observer_;
+  std::unique_ptr<ChunkManager> manager_;
+  StepMemoryStats stats_;
+};
 
 }  // namespace
 
-Trainer::Trainer(GptConfig model, TrainOptions options, std::unique_ptr<TokenSource> data,
-                 c10::Device device, TrainingObserver* observer)
+Trainer::Trainer(GptConfig model, TrainOptions options, EngineOptions engine,
+                 std::unique_ptr<TokenSource> data, TrainingObserver* observer)
     : model_config_(model),
       options_(options),
+      engine_(std::move(engine)),
       data_(std::move(data)),
-      device_(device),
       observer_(observer) {}
 
 absl::Status Trainer::Run() {
-  return CallTorch("training", [&]() -> absl::Status {
-    if (options_.threads > 0) torch::set_num_threads(options_.threads);
-    torch::manual_seed(options_.seed);
+  return CallTorch("training", [&]() -> absl::Status { return RunSteps(); });
+}
 
-    Gpt model(model_config_);
-    model->to(device_);
+absl::Status Trainer::RunSteps() {
+  if (engine_.device == nullptr) return absl::InvalidArgumentError("Trainer: no device");
+  MemoryDevice* device = engine_.device;
+  if (options_.threads > 0) torch::set_num_threads(options_.threads);
+  torch::manual_seed(options_.seed);
+
+  // The model is built (and initialised) on the CPU as host memory, the same
+  // way whatever the device, so every placement starts from the same values.
+  Gpt model(nullptr);
+  {
+    HostAllocationScope host;
+    model = Gpt(model_config_);
     model->train();
-    const std::vector<torch::Tensor> params = model->parameters();
-    torch::optim::AdamW optimizer(ParamGroups(*model, options_),
-                                  torch::optim::AdamWOptions(options_.lr));
+  }
+  std::unique_ptr<StepEngine> engine;
+  if (engine_.memory.has_value()) {
+    ASSIGN_OR_RETURN(engine, ChunkedEngine::Create(std::move(model), options_, *engine_.memory, device,
+                                                   observer_));
+  } else {
+    engine = std::make_unique<PlainEngine>(std::move(model), options_, device);
+  }
+  observer_->OnStarted({device->name(), model_config_.ParameterCount(), options_.steps});
 
-    observer_->OnStarted({device_.str(), model_config_.ParameterCount(), options_.steps});
+  const int64_t batch = options_.batch_size;
+  const int64_t time = model_config_.seq_len;
+  std::vector<int64_t> window_tokens;
+  int64_t tokens_seen = 0;
+  const Clock::time_point start = Clock::now();
 
-    const int64_t batch = options_.batch_size;
-    const int64_t time = model_config_.seq_len;
-    const double max_norm =
-        options_.grad_clip > 0 ? options_.grad_clip : std::numeric_limits<double>::infinity();
-    std::vector<int64_t> window_tokens;
-    int64_t tokens_seen = 0;
-    const Clock::time_point start = Clock::now();
-
-    for (int64_t step = 0; step < options_.steps; ++step) {
-      if (observer_->StopRequested()) {
-        return absl::CancelledError(absl::StrCat("stopped after step ", step));
-      }
-      const Clock::time_point step_start = Clock::now();
-
-      data_->SampleWindows(batch, time + 1, &window_tokens);
-      torch::Tensor windows =
-          torch::from_blob(window_tokens.data(), {batch, time + 1}, torch::kLong).to(device_, /*non_blocking=*/false, /*copy=*/true);
-      torch::Tensor inputs = windows.slice(1, 0, time);
-      torch::Tensor targets = windows.slice(1, 1, time + 1);
-
-      const double lr = LearningRate(step, options_);
-      for (auto& group : optimizer.param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-      }
-
-      optimizer.zero_grad();
-      torch::Tensor loss = GptImpl::Loss(model->forward(inputs), targets);
-      loss.backward();
-      const double grad_norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
-      optimizer.step();
-
-      const double loss_value = loss.item<double>();
-      if (!std::isfinite(loss_value)) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "training diverged: the loss is %f at step %d; lower train.lr (now %g) or set "
-            "train.grad_clip",
-            loss_value, step + 1, options_.lr));
-      }
-
-      const Clock::time_point step_end = Clock::now();
-      StepReport report;
-      report.step = step + 1;
-      report.total_steps = options_.steps;
-      report.loss = loss_value;
-      report.lr = lr;
-      report.grad_norm = grad_norm;
-      report.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
-      tokens_seen += batch * time;
-      report.tokens = tokens_seen;
-      report.tokens_per_second =
-          report.step_seconds > 0 ? double(batch * time) / report.step_seconds : 0;
-      report.elapsed_seconds = std::chrono::duration<double>(step_end - start).count();
-
-      uint64_t param_bytes = 0, grad_bytes = 0, state_bytes = 0;
-      for (const torch::Tensor& p : params) {
-        param_bytes += TensorBytes(p);
-        grad_bytes += TensorBytes(p.grad());
-      }
-      for (const auto& entry : optimizer.state()) {
-        const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
-        state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
-      }
-      const std::string tier = device_.is_cpu() ? "host" : "device";
-      const uint64_t rss = ProcessResidentBytes();
-      report.host_memory_bytes = rss;
-      report.device_memory_bytes = DeviceMemoryAllocatedBytes(device_);
-      report.memory = {{tier, "params", param_bytes},
-                       {tier, "grads", grad_bytes},
-                       {tier, "optimizer_states", state_bytes}};
-      const uint64_t model_bytes = param_bytes + grad_bytes + state_bytes;
-      const uint64_t tier_in_use = device_.is_cpu() ? rss : report.device_memory_bytes;
-      report.memory.push_back(
-          {tier, "non_model", tier_in_use > model_bytes ? tier_in_use - model_bytes : 0});
-      report.capacity = {{"host", "", HostMemoryTotalBytes()}};
-      if (!device_.is_cpu()) report.capacity.push_back({"device", "", DeviceMemoryTotalBytes(device_)});
-      observer_->OnStep(report);
+  for (int64_t step = 0; step < options_.steps; ++step) {
+    if (observer_->StopRequested()) {
+      return absl::CancelledError(absl::StrCat("stopped after step ", step));
     }
-    return absl::OkStatus();
-  });
+    const Clock::time_point step_start = Clock::now();
+    data_->SampleWindows(batch, time + 1, &window_tokens);
+    double loss_value = 0, grad_norm = 0;
+    const double lr = LearningRate(step, options_);
+    try {
+      torch::Tensor windows = torch::from_blob(window_tokens.data(), {batch, time + 1}, torch::kLong)
+                                  .to(device->compute_device(), /*non_blocking=*/false, /*copy=*/true);
+      RETURN_IF_ERROR(engine->Step(windows.slice(1, 0, time), windows.slice(1, 1, time + 1), step + 1, lr,
+                                   &loss_value, &grad_norm));
+    } catch (const c10::OutOfMemoryError& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("step ", step + 1, ": ", engine->ExplainOutOfMemory(e.what_without_backtrace())));
+    }
+    if (!std::isfinite(loss_value)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "training diverged: the loss is %f at step %d; lower train.lr (now %g) or set "
+          "train.grad_clip",
+          loss_value, step + 1, options_.lr));
+    }
+
+    const Clock::time_point step_end = Clock::now();
+    StepReport report;
+    report.step = step + 1;
+    report.total_steps = options_.steps;
+    report.loss = loss_value;
+    report.lr = lr;
+    report.grad_norm = grad_norm;
+    report.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
+    tokens_seen += batch * time;
+    report.tokens = tokens_seen;
+    report.tokens_per_second = report.step_seconds > 0 ? double(batch * time) / report.step_seconds : 0;
+    report.elapsed_seconds = std::chrono::duration<double>(step_end - start).count();
+    report.host_memory_bytes = ProcessResidentBytes();
+    engine->Report(&report);
+    const uint64_t host_budget = engine_.memory.has_value() ? engine_.memory->host_budget_bytes : 0;
+    report.capacity = {{"device", "", device->capacity_bytes()},
+                       {"host", "", host_budget > 0 ? host_budget : HostMemoryTotalBytes()}};
+    observer_->OnStep(report);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ferry

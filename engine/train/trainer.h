@@ -1,35 +1,50 @@
 #pragma once
 
-#include <c10/core/Device.h>
-
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "engine/data/token_source.h"
+#include "engine/memory/chunk_manager.h"
+#include "engine/memory/memory_device.h"
 #include "engine/model/gpt_config.h"
 #include "engine/train/train_options.h"
 #include "engine/train/training_observer.h"
 
 namespace ferry {
 
+struct EngineOptions {
+  // Where to train. Required; must outlive the trainer.
+  MemoryDevice* device = nullptr;
+  // Model data in chunks placed by the memory manager (the default). Unset:
+  // the plain LibTorch loop, with the whole model on the device (the
+  // baseline the manager is measured against).
+  std::optional<MemoryOptions> memory = MemoryOptions();
+};
+
 // The step loop: sample a batch, forward, backward, clip, AdamW step, report.
-// Deterministic for a given seed, data source and thread count.
+// Deterministic for a given seed, data source and thread count; the chunked
+// and the plain loop give the same losses bit for bit when gradients are not
+// clipped (clipping sums the norm in another order).
 class Trainer {
  public:
   // `observer` must outlive the trainer.
-  Trainer(GptConfig model, TrainOptions options, std::unique_ptr<TokenSource> data,
-          c10::Device device, TrainingObserver* observer);
+  Trainer(GptConfig model, TrainOptions options, EngineOptions engine,
+          std::unique_ptr<TokenSource> data, TrainingObserver* observer);
 
   // Trains for options.steps steps. OK when done; CANCELLED when the observer
   // asked to stop; FAILED_PRECONDITION if the loss stops being finite;
-  // RESOURCE_EXHAUSTED when memory runs out; INTERNAL for LibTorch errors.
+  // RESOURCE_EXHAUSTED, with the numbers and what to change, when memory
+  // runs out; INTERNAL for LibTorch errors.
   absl::Status Run();
 
  private:
+  absl::Status RunSteps();
+
   GptConfig model_config_;
   TrainOptions options_;
+  EngineOptions engine_;
   std::unique_ptr<TokenSource> data_;
-  c10::Device device_;
   TrainingObserver* observer_;
 };
 

@@ -7,13 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "engine/memory/placement_report.h"
+
 namespace ferry {
 
 // Bytes of one kind of data in one memory tier.
 struct MemoryUsage {
   // "device" or "host".
   std::string tier;
-  // "params", "grads", "optimizer_states", "non_model"; empty for capacity.
+  // "param", "grad", "optimizer", "activation" (all memory that is not model
+  // data: activations, workspace); empty for capacity.
   std::string kind;
   uint64_t bytes = 0;
 };
@@ -42,6 +45,8 @@ struct StepReport {
   uint64_t host_memory_bytes = 0;
   std::vector<MemoryUsage> memory;
   std::vector<MemoryUsage> capacity;
+  // What the memory manager did in the step (zero for the plain loop).
+  StepMemoryStats memory_stats;
 };
 
 enum class LogLevel { kInfo, kWarning, kError };
@@ -56,6 +61,8 @@ class TrainingObserver {
     (void)level;
     (void)message;
   }
+  // After every step of a chunked run: where model data lives.
+  virtual void OnPlacement(const PlacementReport& placement) { (void)placement; }
   // Polled between steps; true makes the trainer stop with CANCELLED.
   virtual bool StopRequested() { return false; }
 };

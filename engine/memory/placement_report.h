@@ -1,0 +1,75 @@
+#pragma once
+
+// What the memory manager tells the world about a step and about where model
+// data lives. No LibTorch: the trainer's observers and the worker use these.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/memory/placement_plan.h"
+
+namespace ferry {
+
+enum class PayloadKind { kParam = 0, kGrad = 1, kOptimizer = 2 };
+const char* PayloadKindName(PayloadKind kind);
+
+// What one step did.
+struct StepMemoryStats {
+  bool warmup = false;
+  uint64_t host_to_device_bytes = 0;
+  uint64_t device_to_host_bytes = 0;
+  int evictions = 0;
+  int prefetch_hits = 0;
+  int prefetch_misses = 0;
+  // Largest non-model memory of any period of the step.
+  uint64_t peak_non_model_bytes = 0;
+  uint64_t peak_device_bytes = 0;
+  // Largest relative error of the non-model prediction over the step's
+  // periods (steady steps only).
+  double prediction_error = 0;
+  // Model data by tier and kind at the end of the step.
+  uint64_t device_bytes[3] = {0, 0, 0};
+  uint64_t host_bytes[3] = {0, 0, 0};
+  int device_chunks = 0;
+  int host_chunks = 0;
+};
+
+struct PayloadReport {
+  // "p3", "g3", "o3".
+  std::string id;
+  PayloadKind kind = PayloadKind::kParam;
+  int chunk = 0;
+  // "device", "host", "both" (current on both), or "none" (not materialised).
+  std::string tier;
+  uint64_t bytes = 0;
+  // The chunk's tensors' state: "compute" if any computes, else the state
+  // they share, else "mixed".
+  std::string state;
+  ChunkClass chunk_class = ChunkClass::kStreamed;
+  int tensors = 0;
+};
+
+struct PeriodReport {
+  std::string name;
+  uint64_t non_model_bytes = 0;
+  std::vector<int> chunks;
+};
+
+struct PlacementReport {
+  std::string device;
+  std::string policy;
+  bool warmup = true;
+  uint64_t capacity_bytes = 0;
+  // What the policy plans to fill: capacity less the margin.
+  uint64_t limit_bytes = 0;
+  uint64_t host_budget_bytes = 0;
+  int64_t chunk_elements = 0;
+  double chunk_waste_fraction = 0;
+  std::vector<PayloadReport> payloads;
+  std::vector<PeriodReport> trace;
+  // Planned bytes moved per steady step.
+  uint64_t planned_traffic_bytes = 0;
+};
+
+}  // namespace ferry
