@@ -21,6 +21,7 @@
 #include "engine/common/host_info.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/device/device.h"
+#include "engine/memory/simulated_device.h"
 #include "engine/model/gpt_config.h"
 #include "engine/train/trainer.h"
 
@@ -78,9 +79,13 @@ int main(int argc, char** argv) {
       options.warmup_steps = 2;
       options.threads = threads;
       Timer timer(warmup);
-      ferry::Trainer trainer(model, options,
-                             std::make_unique<ferry::SyntheticSource>(model.vocab_size, 2, 1, 1),
-                             c10::Device(c10::kCPU), &timer);
+      // The plain LibTorch loop: the engine's raw speed, without placement.
+      ferry::SimulatedDevice device(ferry::HostMemoryTotalBytes() / 2);
+      ferry::EngineOptions engine;
+      engine.device = &device;
+      engine.memory = std::nullopt;
+      ferry::Trainer trainer(model, options, engine,
+                             std::make_unique<ferry::SyntheticSource>(model.vocab_size, 2, 1, 1), &timer);
       if (absl::Status s = trainer.Run(); !s.ok()) {
         std::fprintf(stderr, "train_bench: %s\n", std::string(s.message()).c_str());
         return 1;

@@ -97,6 +97,7 @@ class Cli {
   int Watch(const std::string& id, bool quiet_start);
   int Cancel(const std::vector<std::string>& args);
   int Info(const std::vector<std::string>& args);
+  int Memory(const std::vector<std::string>& args);
   int Data(const std::vector<std::string>& args);
 
   const CliOptions& options_;
@@ -118,6 +119,7 @@ int Cli::Run(const std::vector<std::string>& args) {
   }
   if (command == "cancel") return Cancel(rest);
   if (command == "info") return Info(rest);
+  if (command == "memory") return Memory(rest);
   if (command == "data") return Data(rest);
   if (command == "help") {
     out_ << CliUsage();
@@ -352,6 +354,19 @@ int Cli::Info(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+int Cli::Memory(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("memory takes one job id");
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ferry::v1::GetMemoryPlacementRequest request;
+  request.set_job_id(args[0]);
+  ferry::v1::MemoryPlacement placement;
+  grpc::Status status = Stub().GetMemoryPlacement(&ctx, request, &placement);
+  if (!status.ok()) return Report(status);
+  out_ << (options_.json ? ToJson(placement, true) : MemoryPlacementText(placement));
+  return kExitOk;
+}
+
 int Cli::Data(const std::vector<std::string>& args) {
   if (args.empty() || args[0] != "prepare") return Usage("use: ferry data prepare --out=FILE TEXT_FILE...");
   const std::vector<std::string> inputs(args.begin() + 1, args.end());
@@ -391,6 +406,7 @@ std::string CliUsage() {
   watch ID                                        follow a job's progress until it ends
   cancel ID                                       cancel a pending or running job
   info                                            show the daemon's version, devices and limits
+  memory ID                                       show where a job's model data lives
   data prepare --out=FILE TEXT_FILE...            tokenise text into a token file (byte-level)
 
   --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)

@@ -139,6 +139,61 @@ std::string DaemonInfoText(const ferry::v1::DaemonInfo& info) {
   return out;
 }
 
+namespace {
+
+std::string Bar(uint64_t used, uint64_t total, int width) {
+  const int filled = total > 0 ? static_cast<int>(std::min<double>(width, double(width) * double(used) / double(total) + 0.5)) : 0;
+  return "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.') + "]";
+}
+
+char TierMark(const std::string& tier) {
+  if (tier == "device") return 'D';
+  if (tier == "host") return 'H';
+  if (tier == "both") return 'B';
+  return '-';
+}
+
+}  // namespace
+
+std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& m) {
+  std::string out = absl::StrFormat("%s  %s policy on %s, %s (step %d)\n", m.job_id(), m.policy(), m.device(),
+                                    m.phase(), m.step());
+  uint64_t tier_bytes[2] = {0, 0};
+  std::string kinds[2];
+  for (const ferry::v1::MemoryUsage& u : m.totals()) {
+    const int t = u.tier() == "device" ? 0 : 1;
+    tier_bytes[t] += u.bytes();
+    absl::StrAppend(&kinds[t], "  ", u.kind(), " ", FormatSize(u.bytes()));
+  }
+  absl::StrAppendFormat(&out, "device %s  %s of %s (the plan fills up to %s)\n       %s\n",
+                        Bar(tier_bytes[0], m.device_capacity_bytes(), 40), FormatSize(tier_bytes[0]),
+                        FormatSize(m.device_capacity_bytes()), FormatSize(m.device_limit_bytes()), kinds[0]);
+  const uint64_t host_total = m.host_budget_bytes() > 0 ? m.host_budget_bytes() : 0;
+  absl::StrAppendFormat(&out, "host   %s  %s%s\n       %s\n", Bar(tier_bytes[1], host_total, 40),
+                        FormatSize(tier_bytes[1]),
+                        host_total > 0 ? " of " + FormatSize(host_total) + " (memory.host_budget)" : " (no budget)",
+                        kinds[1]);
+  const int chunk_count = m.chunks_size() / 3;
+  absl::StrAppendFormat(&out, "%d chunks of %s (%.1f%% unused); planned traffic %s per steady step\n",
+                        chunk_count, FormatSize(m.chunk_size_bytes()), 100.0 * m.chunk_waste_fraction(),
+                        FormatSize(m.planned_traffic_bytes()));
+  absl::StrAppend(&out, "chunk map (P params, G grads, O optimizer; D device, H host, B both, - none):\n");
+  for (int c = 0; c + 2 < m.chunks_size(); c += 3) {
+    const ferry::v1::ChunkPlacement& p = m.chunks(c);
+    absl::StrAppendFormat(&out, "  %3d  P%c G%c O%c  %-13s %-16s %d tensors\n", p.chunk(), TierMark(p.tier()),
+                          TierMark(m.chunks(c + 1).tier()), TierMark(m.chunks(c + 2).tier()), p.placement(),
+                          p.state(), p.tensors());
+  }
+  uint64_t largest = 1;
+  for (const ferry::v1::PeriodTrace& t : m.trace()) largest = std::max<uint64_t>(largest, t.non_model_bytes());
+  absl::StrAppend(&out, "warm-up trace (non-model memory per period):\n");
+  for (const ferry::v1::PeriodTrace& t : m.trace()) {
+    absl::StrAppendFormat(&out, "  %-18s %10s  %s\n", t.name(), FormatSize(t.non_model_bytes()),
+                          std::string(static_cast<size_t>(30.0 * double(t.non_model_bytes()) / double(largest) + 0.5), '#'));
+  }
+  return out;
+}
+
 std::string ToJson(const google::protobuf::Message& message, bool multiline) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;

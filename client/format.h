@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "ferry/v1/ferry.pb.h"
 #include "ferry/v1/job.pb.h"
+#include "ferry/v1/memory.pb.h"
 
 namespace ferry {
 
@@ -30,6 +31,9 @@ std::string JobTable(const std::vector<ferry::v1::Job>& jobs, absl::Time now);
 std::string JobDetails(const ferry::v1::Job& job, absl::Time now);
 
 std::string DaemonInfoText(const ferry::v1::DaemonInfo& info);
+
+// A job's memory placement: a bar per tier, the chunk map, the warm-up trace.
+std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& placement);
 
 // JSON with the .proto field names and every field shown.
 std::string ToJson(const google::protobuf::Message& message, bool multiline);

@@ -59,7 +59,7 @@ say "The finished job: ferry get $JOB"
 "$FERRY" get "$JOB"
 
 say "A few of the daemon's Prometheus metrics (http://$METRICS/metrics)"
-curl -s "http://$METRICS/metrics" | grep -E '^ferry_(jobs\{|loss |tokens_total |step_duration_seconds_(count|sum)|memory_bytes\{kind="params")' || true
+curl -s "http://$METRICS/metrics" | grep -E '^ferry_(jobs\{|loss |tokens_total |step_duration_seconds_(count|sum)|memory_(bytes\{kind="param"|transferred_bytes_total|phase))' || true
 
 if [ "$KEEP" = 1 ]; then
   say "ferryd keeps running (pid $DAEMON). Try:"

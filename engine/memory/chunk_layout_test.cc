@@ -9,62 +9,74 @@
 namespace ferry {
 namespace {
 
-TEST(ChunkLayoutTest, PacksInOrderWithoutSpanningChunks) {
-  absl::StatusOr<ChunkLayout> layout = PackTensors({4, 3, 2, 5, 1}, 6);
+TEST(ChunkLayoutTest, PacksInOrderWithoutSpanningChunksOrGroups) {
+  absl::StatusOr<ChunkLayout> layout = PackTensors({4, 1, 3, 2, 5, 1}, {0, 0, 0, 1, 1, 1}, 6);
   ASSERT_TRUE(layout.ok());
-  ASSERT_EQ(layout->chunk_count(), 3);
-  EXPECT_EQ(layout->slots[0].chunk, 0);
-  EXPECT_EQ(layout->slots[1].chunk, 1) << "4 + 3 > 6: the 3 starts a new chunk";
+  ASSERT_EQ(layout->chunk_count(), 4);
+  // Group 0: [4, 1] then [3] (3 more would exceed 6); group 1: [2] then [5, 1].
+  EXPECT_EQ(layout->slots[1].chunk, 0);
+  EXPECT_EQ(layout->slots[1].offset, 4);
   EXPECT_EQ(layout->slots[2].chunk, 1);
-  EXPECT_EQ(layout->slots[2].offset, 3);
-  EXPECT_EQ(layout->slots[3].chunk, 2);
-  EXPECT_EQ(layout->slots[4].chunk, 2);
-  EXPECT_EQ(layout->slots[4].offset, 5);
-  EXPECT_EQ(layout->wasted_elements(), 2 + 1 + 0);
+  EXPECT_EQ(layout->slots[3].chunk, 2) << "a new group starts a new chunk";
+  EXPECT_EQ(layout->slots[4].chunk, 3);
+  EXPECT_EQ(layout->slots[5].offset, 5);
+  EXPECT_EQ(layout->capacity, (std::vector<int64_t>{5, 3, 2, 6})) << "chunks are cut to size";
+  EXPECT_EQ(layout->wasted_elements(), 0);
 }
 
 TEST(ChunkLayoutTest, OversizedTensorsGetChunksOfTheirOwn) {
-  absl::StatusOr<ChunkLayout> layout = PackTensors({2, 10, 3}, 4);
+  absl::StatusOr<ChunkLayout> layout = PackTensors({2, 10, 3}, {}, 4);
   ASSERT_TRUE(layout.ok());
   ASSERT_EQ(layout->chunk_count(), 3);
   EXPECT_EQ(layout->capacity[1], 10);
   EXPECT_EQ(layout->slots[2].chunk, 2) << "nothing shares the dedicated chunk";
-  EXPECT_EQ(layout->wasted_elements(), 2 + 0 + 1);
 }
 
-TEST(ChunkLayoutTest, SearchFindsTheBlockSizeOfAGpt) {
-  // A GPT's tensors in first-use order: embeddings, then per block
-  // ln_1 (2), attn qkv (w, b), attn proj (w, b), ln_2 (2), mlp fc (w, b), mlp proj (w, b).
-  const int64_t h = 64, vocab = 512, seq = 32, layers = 6;
-  std::vector<int64_t> numels = {vocab * h, seq * h};
+// A GPT's tensors in first-use order, grouped by stage: embeddings, then per
+// block ln_1 (2), attn qkv (w, b), attn proj (w, b), ln_2 (2), mlp fc (w, b),
+// mlp proj (w, b), then the final norm.
+void Gpt(int64_t h, int64_t vocab, int64_t seq, int layers, std::vector<int64_t>* numels,
+         std::vector<int>* groups) {
+  *numels = {vocab * h, seq * h};
+  *groups = {0, 0};
   for (int l = 0; l < layers; ++l) {
     for (int64_t n : {h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h}) {
-      numels.push_back(n);
+      numels->push_back(n);
+      groups->push_back(1 + l);
     }
   }
-  numels.push_back(h);
-  numels.push_back(h);
+  numels->push_back(h);
+  numels->push_back(h);
+  groups->push_back(1 + layers);
+  groups->push_back(1 + layers);
+}
+
+TEST(ChunkLayoutTest, SearchFindsTheSmallestSizeWithinTheChunkBudget) {
+  std::vector<int64_t> numels;
+  std::vector<int> groups;
+  Gpt(64, 512, 32, 6, &numels, &groups);
   ChunkSearchOptions options;
-  options.step_elements = h;
-  options.min_chunks = 4;
-  absl::StatusOr<ChunkLayout> layout = SearchChunkLayout(numels, options);
+  options.step_elements = 64;
+  options.max_chunks = 20;
+  absl::StatusOr<ChunkLayout> layout = SearchChunkLayout(numels, groups, options);
   ASSERT_TRUE(layout.ok());
-  EXPECT_GE(layout->chunk_count(), 4);
-  EXPECT_LT(layout->waste_fraction(), 0.02) << "chunk of " << layout->chunk_elements;
-  // Any other size in the range wastes at least as much.
-  for (int64_t size = layout->chunk_elements - 20 * h; size <= layout->chunk_elements + 20 * h;
-       size += h) {
-    absl::StatusOr<ChunkLayout> other = PackTensors(numels, size);
-    if (other.ok() && size >= 4 * h * h && size <= 400000) {
-      EXPECT_GE(other->wasted_elements(), layout->wasted_elements()) << size;
-    }
+  EXPECT_EQ(layout->waste_fraction(), 0.0);
+  EXPECT_LE(layout->chunk_count(), 20);
+  // One step smaller would need more chunks.
+  absl::StatusOr<ChunkLayout> smaller = PackTensors(numels, groups, layout->chunk_elements - 64);
+  ASSERT_TRUE(smaller.ok());
+  EXPECT_GT(smaller->chunk_count(), 20);
+  // Every block's tensors sit in chunks of their own block.
+  for (size_t i = 1; i < numels.size(); ++i) {
+    if (groups[i] != groups[i - 1]) EXPECT_NE(layout->slots[i].chunk, layout->slots[i - 1].chunk) << i;
   }
 }
 
 TEST(ChunkLayoutTest, BadInput) {
-  EXPECT_FALSE(PackTensors({1}, 0).ok());
-  EXPECT_FALSE(PackTensors({0}, 4).ok());
-  EXPECT_FALSE(SearchChunkLayout({}).ok());
+  EXPECT_FALSE(PackTensors({1}, {}, 0).ok());
+  EXPECT_FALSE(PackTensors({0}, {}, 4).ok());
+  EXPECT_FALSE(PackTensors({1, 2}, {0}, 4).ok());
+  EXPECT_FALSE(SearchChunkLayout({}, {}).ok());
 }
 
 TEST(TensorStateTest, TheStepCycleIsLegal) {

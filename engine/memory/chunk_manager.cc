@@ -69,10 +69,6 @@ at::Tensor MakeDeviceBuffer(MemoryDevice* device, int64_t numel) {
 
 }  // namespace
 
-const char* PolicyName(MemoryOptions::Policy policy) {
-  return policy == MemoryOptions::Policy::kAuto ? "auto" : "static";
-}
-
 struct ChunkManager::Payload {
   PayloadKind kind = PayloadKind::kParam;
   int chunk = 0;
@@ -132,14 +128,21 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   std::unique_ptr<ChunkManager> m(new ChunkManager(device, options, optimizer));
   std::vector<int64_t> numels;
   for (const ManagedParam& p : params) numels.push_back(p.tensor.numel());
+  // A tensor's group is the first stage using it: chunks follow stages.
+  std::vector<int> groups(params.size(), static_cast<int>(stages.size()));
+  for (size_t s = stages.size(); s-- > 0;) {
+    for (int i : stages[s].params) {
+      if (i >= 0 && i < static_cast<int>(params.size())) groups[static_cast<size_t>(i)] = static_cast<int>(s);
+    }
+  }
   absl::StatusOr<ChunkLayout> layout;
   if (options.chunk_elements > 0) {
-    layout = PackTensors(numels, options.chunk_elements);
+    layout = PackTensors(numels, groups, options.chunk_elements);
   } else {
     ChunkSearchOptions search;
-    search.step_elements = options.chunk_step_elements;
-    search.min_chunks = options.target_chunks;
-    layout = SearchChunkLayout(numels, search);
+    search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : 1024;
+    search.max_chunks = options.max_chunks;
+    layout = SearchChunkLayout(numels, groups, search);
   }
   if (!layout.ok()) return layout.status();
   m->layout_ = *std::move(layout);
@@ -744,9 +747,10 @@ PlacementReport ChunkManager::Placement() const {
       pr.id = absl::StrCat(std::string(1, PayloadKindName(p.kind)[0]), chunk.id);
       pr.kind = p.kind;
       pr.chunk = chunk.id;
-      const bool on_device = p.resident && p.device_valid;
-      pr.tier = on_device && p.host_valid ? "both" : on_device ? "device" : p.host_valid ? "host" : "none";
+      pr.tier = p.resident && p.host_valid ? "both" : p.resident ? "device" : p.host_valid ? "host" : "none";
       pr.bytes = p.bytes;
+      pr.device_bytes = p.resident ? p.bytes : 0;
+      pr.host_bytes = p.host.defined() ? p.bytes : 0;
       pr.state = state;
       pr.chunk_class = chunk.chunk_class;
       pr.tensors = static_cast<int>(chunk.tensors.size());
@@ -770,9 +774,9 @@ std::string ChunkManager::ExplainOutOfMemory(const std::string& what) const {
   }
   std::string advice =
       options_.policy == MemoryOptions::Policy::kStatic
-          ? "static keeps its fixed split however little room is left; use memory.policy: auto, "
+          ? "Static keeps its fixed split however little room is left; use memory.policy: auto, "
             "which moves chunks as the step needs them, or raise memory.device_budget"
-          : "use a smaller train.batch_size or model.seq_len, or raise memory.device_budget";
+          : "Use a smaller train.batch_size or model.seq_len, or raise memory.device_budget";
   return absl::StrCat("out of device memory in period '", PeriodName(current_period_), "' (",
                       warmup_ ? "warm-up" : "steady", " step, ", PolicyName(options_.policy),
                       " policy): ", Mib(DeviceModelBytes()), " of model data on the device of ",

@@ -35,35 +35,13 @@
 #include "absl/status/statusor.h"
 #include "engine/memory/chunk_layout.h"
 #include "engine/memory/memory_device.h"
+#include "engine/memory/memory_options.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
 #include "engine/memory/tensor_state.h"
 #include "engine/optim/flat_adamw.h"
 
 namespace ferry {
-
-struct MemoryOptions {
-  enum class Policy { kAuto, kStatic };
-  Policy policy = Policy::kAuto;
-  // Host bytes for model data (host copies of chunks); 0: no limit.
-  uint64_t host_budget_bytes = 0;
-  // Elements per chunk; 0 searches for the size that wastes least.
-  int64_t chunk_elements = 0;
-  // The search tries multiples of this (the model's hidden size).
-  int64_t chunk_step_elements = 1024;
-  // Chunks in the search's target layout.
-  int target_chunks = 8;
-  // static: fractions of chunks whose parameters / optimizer states live on
-  // the host. (0, 1) is ZeRO-Offload's split.
-  double static_param_host_fraction = 0.0;
-  double static_optimizer_host_fraction = 1.0;
-  // auto: fraction of the device kept free beyond the predicted need.
-  double margin = 0.05;
-  // auto: fetch the next period's chunks ahead of time when room allows.
-  bool prefetch = true;
-};
-
-const char* PolicyName(MemoryOptions::Policy policy);
 
 // A model parameter handed to the manager.
 struct ManagedParam {

@@ -40,9 +40,14 @@ struct PayloadReport {
   std::string id;
   PayloadKind kind = PayloadKind::kParam;
   int chunk = 0;
-  // "device", "host", "both" (current on both), or "none" (not materialised).
+  // Where its values are: "device", "host", "both" (current on both), or
+  // "none" (nothing to keep, e.g. gradients between steps).
   std::string tier;
   uint64_t bytes = 0;
+  // Memory it holds now on each tier (a device buffer may hold stale values;
+  // a host buffer, once allocated, is kept).
+  uint64_t device_bytes = 0;
+  uint64_t host_bytes = 0;
   // The chunk's tensors' state: "compute" if any computes, else the state
   // they share, else "mixed".
   std::string state;

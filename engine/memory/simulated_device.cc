@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace ferry {
 namespace {
@@ -35,7 +36,7 @@ void FreeAllocation(void* context) {
   delete a;
 }
 
-std::string Mib(uint64_t bytes) { return absl::StrCat(bytes / (1024.0 * 1024.0), " MiB"); }
+std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0)); }
 
 // LibTorch's CPU allocator while a simulated device exists: counts each
 // allocation against the device or the host and enforces the capacity.

@@ -46,6 +46,9 @@ class FerryService final : public ferry::v1::Ferry::Service {
   grpc::Status GetDaemonInfo(grpc::ServerContext* context,
                              const ferry::v1::GetDaemonInfoRequest* request,
                              ferry::v1::DaemonInfo* response) override;
+  grpc::Status GetMemoryPlacement(grpc::ServerContext* context,
+                                  const ferry::v1::GetMemoryPlacementRequest* request,
+                                  ferry::v1::MemoryPlacement* response) override;
 
  private:
   // UNAVAILABLE until SetReady.

@@ -31,6 +31,11 @@ class FakeExecutor : public JobExecutor {
       p.set_loss(5.0 / double(step));
       p.set_tokens(step * 64);
       listener->OnProgress(p);
+      ferry::v1::MemoryPlacement placement;
+      placement.set_step(step);
+      placement.set_policy("auto");
+      placement.add_chunks()->set_id("p0");
+      listener->OnPlacement(placement);
       steps_reported++;
     }
     return {ferry::v1::JOB_STATE_SUCCEEDED, ""};
@@ -360,6 +365,32 @@ TEST_F(FerryServiceTest, ManyWatchersAndAStalledOneDoNotSlowTraining) {
   EXPECT_EQ(complete, 20);
   EXPECT_EQ(executor_.steps_reported, 200);
   stalled_ctx.TryCancel();
+}
+
+TEST_F(FerryServiceTest, MemoryPlacementIsTheLatestStepsAndNeedsAStepFirst) {
+  executor_.step_millis = 20;
+  ferry::v1::Job running, queued;
+  ASSERT_TRUE(Submit(Request(100000), &running).ok());
+  ASSERT_TRUE(Submit(Request(3), &queued).ok());
+  auto placement = [&](const std::string& id, ferry::v1::MemoryPlacement* out) {
+    grpc::ClientContext ctx;
+    ferry::v1::GetMemoryPlacementRequest r;
+    r.set_job_id(id);
+    return stub_->GetMemoryPlacement(&ctx, r, out);
+  };
+  ferry::v1::MemoryPlacement p;
+  grpc::Status s = placement(queued.id(), &p);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("pending"), std::string::npos) << s.error_message();
+  EXPECT_EQ(placement("j-00000000", &p).error_code(), grpc::StatusCode::NOT_FOUND);
+  for (int i = 0; i < 200 && !placement(running.id(), &p).ok(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(placement(running.id(), &p).ok());
+  EXPECT_EQ(p.job_id(), running.id());
+  EXPECT_EQ(p.chunks(0).id(), "p0");
+  const uint64_t first = p.step();
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(placement(running.id(), &p).ok());
+  EXPECT_GT(p.step(), first) << "each step replaces the last";
 }
 
 TEST_F(FerryServiceTest, NothingAnswersBeforeReady) {

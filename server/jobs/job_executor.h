@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ferry/v1/job.pb.h"
+#include "ferry/v1/memory.pb.h"
 #include "ferry/v1/spec.pb.h"
 #include "server/jobs/stop_signal.h"
 
@@ -19,6 +20,7 @@ class RunListener {
   virtual void OnStarted(const std::string& device) = 0;
   virtual void OnProgress(const ferry::v1::Progress& progress) = 0;
   virtual void OnLog(ferry::v1::Severity severity, const std::string& message) = 0;
+  virtual void OnPlacement(const ferry::v1::MemoryPlacement& placement) = 0;
 };
 
 struct RunOutcome {

@@ -242,6 +242,27 @@ void JobRegistry::AppendLog(const std::string& id, ferry::v1::Severity severity,
   record->events->Append(std::move(event));
 }
 
+void JobRegistry::RecordPlacement(const std::string& id, const ferry::v1::MemoryPlacement& placement) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr) return;
+  if (!record->placement) record->placement = std::make_unique<ferry::v1::MemoryPlacement>();
+  *record->placement = placement;
+  record->placement->set_job_id(id);
+}
+
+absl::StatusOr<ferry::v1::MemoryPlacement> JobRegistry::GetPlacement(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  const Record* record = Find(id);
+  if (record == nullptr) return NotFound(id);
+  if (!record->placement) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " has no memory placement yet (it is ", StateName(record->job.state()),
+        "; placement is known from the end of its first step)"));
+  }
+  return *record->placement;
+}
+
 void JobRegistry::Finish(const std::string& id, JobState state, const std::string& error) {
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);

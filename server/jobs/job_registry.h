@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/job.pb.h"
+#include "ferry/v1/memory.pb.h"
 #include "ferry/v1/spec.pb.h"
 #include "server/jobs/event_buffer.h"
 #include "server/jobs/job_listener.h"
@@ -97,6 +98,13 @@ class JobRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
   void AppendLog(const std::string& id, ferry::v1::Severity severity, const std::string& message)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's latest memory placement (kept after it ends).
+  void RecordPlacement(const std::string& id, const ferry::v1::MemoryPlacement& placement)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // NOT_FOUND for an unknown id, FAILED_PRECONDITION before the job's first
+  // step.
+  absl::StatusOr<ferry::v1::MemoryPlacement> GetPlacement(const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a running job in `state` (SUCCEEDED, FAILED or CANCELLED) and closes
   // its event stream.
   void Finish(const std::string& id, ferry::v1::JobState state, const std::string& error)
@@ -149,6 +157,7 @@ class JobRegistry {
     std::shared_ptr<EventBuffer> events;
     std::shared_ptr<StopSignal> stop;
     size_t watchers = 0;
+    std::unique_ptr<ferry::v1::MemoryPlacement> placement;
   };
 
   Record* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -249,6 +249,7 @@ class FakeExecutor : public JobExecutor {
       p.set_total_steps(spec.train().steps());
       listener->OnProgress(p);
     }
+    listener->OnPlacement(ferry::v1::MemoryPlacement());
     if (spec.name() == "fail") return {ferry::v1::JOB_STATE_FAILED, "boom"};
     return {ferry::v1::JOB_STATE_SUCCEEDED, ""};
   }

@@ -18,6 +18,9 @@ class RegistryListener : public RunListener {
   void OnLog(ferry::v1::Severity severity, const std::string& message) override {
     registry_->AppendLog(id_, severity, message);
   }
+  void OnPlacement(const ferry::v1::MemoryPlacement& placement) override {
+    registry_->RecordPlacement(id_, placement);
+  }
 
  private:
   JobRegistry* registry_;

@@ -6,7 +6,7 @@ namespace ferry {
 namespace {
 
 const char* const kTiers[] = {"device", "host"};
-const char* const kKinds[] = {"params", "grads", "optimizer_states", "non_model"};
+const char* const kKinds[] = {"param", "grad", "optimizer", "activation"};
 
 
 }  // namespace
@@ -62,6 +62,50 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                     .Name("ferry_memory_capacity_bytes")
                     .Help("Memory available, by tier.")
                     .Register(*registry_)),
+      to_device_(prometheus::BuildCounter()
+                     .Name("ferry_memory_transferred_bytes_total")
+                     .Help("Model data moved between host and device, by direction.")
+                     .Register(*registry_)
+                     .Add({{"direction", "host_to_device"}})),
+      to_host_(prometheus::BuildCounter()
+                   .Name("ferry_memory_transferred_bytes_total")
+                   .Help("Model data moved between host and device, by direction.")
+                   .Register(*registry_)
+                   .Add({{"direction", "device_to_host"}})),
+      evictions_(prometheus::BuildCounter()
+                     .Name("ferry_memory_evictions_total")
+                     .Help("Chunks evicted from the device to make room.")
+                     .Register(*registry_)
+                     .Add({})),
+      prefetch_hits_(prometheus::BuildCounter()
+                         .Name("ferry_memory_prefetches_total")
+                         .Help("Chunks a period needed: already prefetched (hit) or fetched on demand (miss).")
+                         .Register(*registry_)
+                         .Add({{"result", "hit"}})),
+      prefetch_misses_(prometheus::BuildCounter()
+                           .Name("ferry_memory_prefetches_total")
+                           .Help("Chunks a period needed: already prefetched (hit) or fetched on demand (miss).")
+                           .Register(*registry_)
+                           .Add({{"result", "miss"}})),
+      chunks_(prometheus::BuildGauge()
+                  .Name("ferry_memory_chunks")
+                  .Help("Chunks of the running job with data on the device, and wholly on the host.")
+                  .Register(*registry_)),
+      prediction_error_(prometheus::BuildGauge()
+                            .Name("ferry_memory_prediction_error_ratio")
+                            .Help("Largest relative error of the predicted non-model memory in the latest step.")
+                            .Register(*registry_)
+                            .Add({})),
+      warmup_(prometheus::BuildGauge()
+                  .Name("ferry_memory_phase")
+                  .Help("1 for the memory manager's phase in the latest step: warmup (tracing) or steady.")
+                  .Register(*registry_)
+                  .Add({{"phase", "warmup"}})),
+      steady_(prometheus::BuildGauge()
+                  .Name("ferry_memory_phase")
+                  .Help("1 for the memory manager's phase in the latest step: warmup (tracing) or steady.")
+                  .Register(*registry_)
+                  .Add({{"phase", "steady"}})),
       build_info_(prometheus::BuildGauge()
                       .Name("ferry_build_info")
                       .Help("Always 1; labels give the daemon and LibTorch versions.")
@@ -73,6 +117,7 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
   }
   for (const char* tier : kTiers) {
     for (const char* kind : kKinds) MemoryGauge(tier, kind);
+    chunks_.Add({{"tier", tier}});
   }
   SetTorchVersion(torch_version);
 }
@@ -99,8 +144,11 @@ void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState 
     // The job's memory is released with its worker.
     for (const char* tier : kTiers) {
       for (const char* kind : kKinds) MemoryGauge(tier, kind).Set(0);
+      chunks_.Add({{"tier", tier}}).Set(0);
     }
     tokens_per_second_.Set(0);
+    warmup_.Set(0);
+    steady_.Set(0);
   }
 }
 
@@ -115,6 +163,18 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
     MemoryGauge(m.tier(), m.kind()).Set(static_cast<double>(m.bytes()));
   }
   for (const ferry::v1::MemoryUsage& c : progress.capacity()) SetCapacity(c.tier(), c.bytes());
+  if (progress.memory_phase().empty()) return;  // a run without the memory manager
+  to_device_.Increment(static_cast<double>(progress.bytes_host_to_device()));
+  to_host_.Increment(static_cast<double>(progress.bytes_device_to_host()));
+  evictions_.Increment(progress.evictions());
+  prefetch_hits_.Increment(progress.prefetch_hits());
+  prefetch_misses_.Increment(progress.prefetch_misses());
+  chunks_.Add({{"tier", "device"}}).Set(progress.device_chunks());
+  chunks_.Add({{"tier", "host"}}).Set(progress.host_chunks());
+  prediction_error_.Set(progress.prediction_error());
+  const bool warmup = progress.memory_phase() == "warmup";
+  warmup_.Set(warmup ? 1 : 0);
+  steady_.Set(warmup ? 0 : 1);
 }
 
 }  // namespace ferry

@@ -46,6 +46,15 @@ class DaemonMetrics : public JobListener {
   prometheus::Gauge& tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& memory_;
   prometheus::Family<prometheus::Gauge>& capacity_;
+  prometheus::Counter& to_device_;
+  prometheus::Counter& to_host_;
+  prometheus::Counter& evictions_;
+  prometheus::Counter& prefetch_hits_;
+  prometheus::Counter& prefetch_misses_;
+  prometheus::Family<prometheus::Gauge>& chunks_;
+  prometheus::Gauge& prediction_error_;
+  prometheus::Gauge& warmup_;
+  prometheus::Gauge& steady_;
   prometheus::Family<prometheus::Gauge>& build_info_;
   prometheus::Gauge* build_info_series_ = nullptr;
 };

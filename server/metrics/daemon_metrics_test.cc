@@ -35,11 +35,20 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   p.set_loss(2.5);
   ferry::v1::MemoryUsage* m = p.add_memory();
   m->set_tier("host");
-  m->set_kind("params");
+  m->set_kind("param");
   m->set_bytes(4096);
   ferry::v1::MemoryUsage* c = p.add_capacity();
   c->set_tier("host");
   c->set_bytes(1 << 20);
+  p.set_memory_phase("steady");
+  p.set_bytes_host_to_device(300);
+  p.set_bytes_device_to_host(200);
+  p.set_evictions(2);
+  p.set_prefetch_hits(3);
+  p.set_prefetch_misses(1);
+  p.set_device_chunks(5);
+  p.set_host_chunks(7);
+  p.set_prediction_error(0.25);
   metrics.OnProgress(p, 1000);
   metrics.OnProgress(p, 24);
   const std::string text = Scrape(metrics);
@@ -48,11 +57,18 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   EXPECT_TRUE(Has(text, "ferry_loss 2.5")) << text;
   EXPECT_TRUE(Has(text, "ferry_step_duration_seconds_count 2")) << text;
   EXPECT_TRUE(Has(text, "ferry_step_duration_seconds_bucket{le=\"0.25\"} 2")) << text;
-  EXPECT_TRUE(Has(text, "ferry_memory_bytes{kind=\"params\",tier=\"host\"} 4096")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_bytes{kind=\"param\",tier=\"host\"} 4096")) << text;
   EXPECT_TRUE(Has(text, "ferry_memory_capacity_bytes{tier=\"host\"} 1048576")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_transferred_bytes_total{direction=\"host_to_device\"} 600")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_transferred_bytes_total{direction=\"device_to_host\"} 400")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_evictions_total 4")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_prefetches_total{result=\"hit\"} 6")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_chunks{tier=\"host\"} 7")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_prediction_error_ratio 0.25")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_phase{phase=\"steady\"} 1")) << text;
 
   metrics.OnStateChange(ferry::v1::JOB_STATE_RUNNING, ferry::v1::JOB_STATE_FAILED);
-  EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_bytes{kind=\"params\",tier=\"host\"} 0"))
+  EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_bytes{kind=\"param\",tier=\"host\"} 0"))
       << "memory gauges drop when the job ends";
 }
 

@@ -56,6 +56,15 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   if (memory->policy() == ferry::v1::MEMORY_POLICY_UNSPECIFIED) {
     memory->set_policy(ferry::v1::MEMORY_POLICY_AUTO);
   }
+  const MemoryOptions engine_defaults;
+  if (!memory->has_static_param_host_fraction()) {
+    memory->set_static_param_host_fraction(engine_defaults.static_param_host_fraction);
+  }
+  if (!memory->has_static_optimizer_host_fraction()) {
+    memory->set_static_optimizer_host_fraction(engine_defaults.static_optimizer_host_fraction);
+  }
+  if (!memory->has_margin()) memory->set_margin(engine_defaults.margin);
+  if (!memory->has_prefetch()) memory->set_prefetch(engine_defaults.prefetch);
 
   ferry::v1::ParallelSpec* parallel = out.mutable_parallel();
   if (parallel->tensor() == 0) parallel->set_tensor(1);
@@ -94,6 +103,19 @@ TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
   o.grad_clip = train.grad_clip();
   o.seed = train.seed();
   o.threads = static_cast<int>(train.threads());
+  return o;
+}
+
+MemoryOptions ToMemoryOptions(const ferry::v1::MemorySpec& memory) {
+  MemoryOptions o;
+  o.policy = memory.policy() == ferry::v1::MEMORY_POLICY_STATIC ? MemoryOptions::Policy::kStatic
+                                                                : MemoryOptions::Policy::kAuto;
+  o.host_budget_bytes = memory.host_budget();
+  o.chunk_elements = static_cast<int64_t>(memory.chunk_size() / sizeof(float));
+  o.static_param_host_fraction = memory.static_param_host_fraction();
+  o.static_optimizer_host_fraction = memory.static_optimizer_host_fraction();
+  o.margin = memory.margin();
+  o.prefetch = memory.prefetch();
   return o;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
+#include "engine/memory/memory_options.h"
 #include "engine/model/gpt_config.h"
 #include "engine/train/train_options.h"
 #include "ferry/v1/spec.pb.h"
@@ -15,5 +16,6 @@ absl::StatusOr<ferry::v1::JobSpec> WithDefaults(const ferry::v1::JobSpec& spec);
 // Engine views of a spec that has been through WithDefaults.
 GptConfig ToGptConfig(const ferry::v1::ModelSpec& model);
 TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train);
+MemoryOptions ToMemoryOptions(const ferry::v1::MemorySpec& memory);
 
 }  // namespace ferry

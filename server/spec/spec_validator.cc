@@ -185,21 +185,39 @@ void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
 
 void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
   const ferry::v1::MemorySpec& m = spec.memory();
+  auto fraction = [&p](const char* field, double value, double high) {
+    if (!(value >= 0.0 && value <= high)) {
+      p.Invalid(absl::StrCat(field, ": ", value, " is out of range; use 0 to ", high));
+    }
+  };
+  fraction("memory.static_param_host_fraction", m.static_param_host_fraction(), 1.0);
+  fraction("memory.static_optimizer_host_fraction", m.static_optimizer_host_fraction(), 1.0);
+  fraction("memory.margin", m.margin(), 0.9);
+  if (m.chunk_size() > 0 && m.chunk_size() < 4096) {
+    p.Invalid(absl::StrCat("memory.chunk_size: ", FormatSize(m.chunk_size()),
+                           " is too small; use at least 4KiB, or leave it unset to let Ferry choose"));
+  }
+  if (m.device_budget() > 0 && m.device_budget() < (1u << 20)) {
+    p.Invalid(absl::StrCat("memory.device_budget: ", FormatSize(m.device_budget()),
+                           " is too small to train in; use at least 1MiB"));
+  }
   if (machine.host_memory_bytes == 0) return;
   if (m.host_budget() > machine.host_memory_bytes) {
     p.Precondition(absl::StrCat("memory.host_budget: ", FormatSize(m.host_budget()),
                                 " is more than this machine's memory (",
                                 FormatSize(machine.host_memory_bytes), "); lower it"));
   }
+  // Model data (16 bytes a parameter) lives on the host, the device, or both.
   const uint64_t needed = TrainingStateBytes(spec.model());
-  const uint64_t available = m.host_budget() > 0 ? std::min(m.host_budget(), machine.host_memory_bytes)
-                                                 : machine.host_memory_bytes;
+  const uint64_t host = m.host_budget() > 0 ? std::min(m.host_budget(), machine.host_memory_bytes)
+                                            : machine.host_memory_bytes;
+  const uint64_t available = host + m.device_budget();
   if (needed > available) {
     p.Precondition(absl::StrCat(
         "model: ", ToGptConfig(spec.model()).ParameterCount(), " parameters need ",
         FormatSize(needed), " for weights, gradients and AdamW state, more than the ",
-        FormatSize(available), m.host_budget() > 0 ? " of memory.host_budget" : " of host memory",
-        "; choose a smaller model"));
+        FormatSize(available), " of ", m.host_budget() > 0 ? "memory.host_budget" : "host memory",
+        m.device_budget() > 0 ? " and memory.device_budget" : "", "; choose a smaller model"));
   }
 }
 

@@ -139,6 +139,9 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
         case WorkerReport::kLog:
           listener->OnLog(report.log().severity(), report.log().message());
           break;
+        case WorkerReport::kPlacement:
+          listener->OnPlacement(report.placement());
+          break;
         case WorkerReport::kFinished:
           finished = report.finished();
           have_finished = true;

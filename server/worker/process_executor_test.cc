@@ -59,6 +59,10 @@ class Recorder : public RunListener {
     std::lock_guard<std::mutex> lock(mu);
     logs.push_back(m);
   }
+  void OnPlacement(const ferry::v1::MemoryPlacement& p) override {
+    std::lock_guard<std::mutex> lock(mu);
+    placements.push_back(p);
+  }
   size_t steps() {
     std::lock_guard<std::mutex> lock(mu);
     return progress.size();
@@ -67,6 +71,7 @@ class Recorder : public RunListener {
   std::string device;
   std::vector<ferry::v1::Progress> progress;
   std::vector<std::string> logs;
+  std::vector<ferry::v1::MemoryPlacement> placements;
 };
 
 ProcessExecutorOptions Options(const std::string& binary) {
@@ -84,11 +89,19 @@ TEST(ProcessExecutorTest, RunsARealWorkerToSuccess) {
   Recorder recorder;
   RunOutcome outcome = executor.Run("j-ok", TinySpec(5), stop, &recorder);
   EXPECT_EQ(outcome.state, ferry::v1::JOB_STATE_SUCCEEDED) << outcome.error;
-  EXPECT_EQ(recorder.device, "cpu");
+  EXPECT_EQ(recorder.device, "sim") << "no GPU: the simulated device";
   ASSERT_EQ(recorder.progress.size(), 5u);
   EXPECT_EQ(recorder.progress.back().step(), 5u);
   EXPECT_GT(recorder.progress.front().loss(), 0);
   EXPECT_FALSE(recorder.progress.back().memory().empty());
+  EXPECT_EQ(recorder.progress.front().memory_phase(), "warmup");
+  EXPECT_EQ(recorder.progress.back().memory_phase(), "steady");
+  ASSERT_FALSE(recorder.placements.empty()) << "the worker reports where model data lives";
+  const ferry::v1::MemoryPlacement& placement = recorder.placements.back();
+  EXPECT_EQ(placement.device(), "sim");
+  EXPECT_EQ(placement.step(), 5u) << "the last report is the last step's";
+  EXPECT_GT(placement.chunks_size(), 0);
+  EXPECT_EQ(placement.trace_size(), 2 * 3 + 1) << "embed, one block, head: forward, backward, optimizer";
   std::ifstream spec(TempDir() + "/jobs/j-ok/spec.json");
   EXPECT_TRUE(spec.good()) << "the spec is kept in the job's directory";
 }

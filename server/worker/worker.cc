@@ -13,6 +13,7 @@
 #include "engine/data/synthetic_source.h"
 #include "engine/data/token_file_source.h"
 #include "engine/device/device.h"
+#include "engine/memory/memory_device.h"
 #include "engine/train/trainer.h"
 #include "ferry/internal/worker.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -20,6 +21,7 @@
 #include "server/spec/spec_defaults.h"
 #include "server/spec/spec_validator.h"
 #include "engine/common/host_info.h"
+#include "server/common/proto_time.h"
 #include "server/worker/frame.h"
 
 namespace ferry {
@@ -92,7 +94,81 @@ class Reporter : public TrainingObserver {
       out->set_tier(m.tier);
       out->set_bytes(m.bytes);
     }
+    const StepMemoryStats& ms = r.memory_stats;
+    p->set_memory_phase(ms.warmup ? "warmup" : "steady");
+    p->set_bytes_host_to_device(ms.host_to_device_bytes);
+    p->set_bytes_device_to_host(ms.device_to_host_bytes);
+    p->set_evictions(static_cast<uint32_t>(ms.evictions));
+    p->set_prefetch_hits(static_cast<uint32_t>(ms.prefetch_hits));
+    p->set_prefetch_misses(static_cast<uint32_t>(ms.prefetch_misses));
+    p->set_prediction_error(ms.prediction_error);
+    p->set_device_chunks(static_cast<uint32_t>(ms.device_chunks));
+    p->set_host_chunks(static_cast<uint32_t>(ms.host_chunks));
+    p->set_device_model_bytes(ms.device_bytes[0] + ms.device_bytes[1] + ms.device_bytes[2]);
+    p->set_host_model_bytes(ms.host_bytes[0] + ms.host_bytes[1] + ms.host_bytes[2]);
+    last_step_ = static_cast<uint64_t>(r.step);
+    final_step_ = r.step == r.total_steps;
     Send(report);
+    if (final_step_ && pending_placement_) SendPlacement();
+  }
+
+  // Placement goes to the daemon at most once a second, and after the last
+  // step.
+  void OnPlacement(const PlacementReport& placement) override {
+    if (report_fd_ < 0) return;
+    placement_ = placement;
+    pending_placement_ = true;
+    const absl::Time now = absl::Now();
+    if (now - last_placement_ >= absl::Seconds(1)) SendPlacement();
+  }
+
+  void SendPlacement() {
+    WorkerReport report;
+    ferry::v1::MemoryPlacement* out = report.mutable_placement();
+    const PlacementReport& r = placement_;
+    out->set_step(last_step_ + (final_step_ ? 0 : 1));
+    ToProtoTime(absl::Now(), out->mutable_time());
+    out->set_device(r.device);
+    out->set_policy(r.policy);
+    out->set_phase(r.warmup ? "warmup" : "steady");
+    out->set_device_capacity_bytes(r.capacity_bytes);
+    out->set_device_limit_bytes(r.limit_bytes);
+    out->set_host_budget_bytes(r.host_budget_bytes);
+    out->set_chunk_size_bytes(static_cast<uint64_t>(r.chunk_elements) * 4);
+    out->set_chunk_waste_fraction(r.chunk_waste_fraction);
+    out->set_planned_traffic_bytes(r.planned_traffic_bytes);
+    uint64_t totals[2][3] = {{0, 0, 0}, {0, 0, 0}};
+    for (const PayloadReport& p : r.payloads) {
+      ferry::v1::ChunkPlacement* c = out->add_chunks();
+      c->set_id(p.id);
+      c->set_kind(PayloadKindName(p.kind));
+      c->set_chunk(static_cast<uint32_t>(p.chunk));
+      c->set_tier(p.tier);
+      c->set_bytes(p.bytes);
+      c->set_state(p.state);
+      c->set_placement(ChunkClassName(p.chunk_class));
+      c->set_tensors(static_cast<uint32_t>(p.tensors));
+      const int k = static_cast<int>(p.kind);
+      totals[0][k] += p.device_bytes;
+      totals[1][k] += p.host_bytes;
+    }
+    for (int t = 0; t < 2; ++t) {
+      for (int k = 0; k < 3; ++k) {
+        ferry::v1::MemoryUsage* u = out->add_totals();
+        u->set_tier(t == 0 ? "device" : "host");
+        u->set_kind(PayloadKindName(static_cast<PayloadKind>(k)));
+        u->set_bytes(totals[t][k]);
+      }
+    }
+    for (const PeriodReport& period : r.trace) {
+      ferry::v1::PeriodTrace* t = out->add_trace();
+      t->set_name(period.name);
+      t->set_non_model_bytes(period.non_model_bytes);
+      for (int c : period.chunks) t->add_chunks(static_cast<uint32_t>(c));
+    }
+    Send(report);
+    pending_placement_ = false;
+    last_placement_ = absl::Now();
   }
 
   void OnLog(LogLevel level, const std::string& message) override {
@@ -123,6 +199,12 @@ class Reporter : public TrainingObserver {
   const int report_fd_;
   absl::Mutex mu_;  // serialises frames on report_fd_
   std::atomic<bool> stop_{false};
+  // Training thread only.
+  PlacementReport placement_;
+  bool pending_placement_ = false;
+  absl::Time last_placement_ = absl::InfinitePast();
+  uint64_t last_step_ = 0;
+  bool final_step_ = false;
 };
 
 // Reads commands until end of file; a Stop command or EOF asks the trainer
@@ -182,7 +264,8 @@ int RunWorker(const WorkerOptions& options) {
   if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
     return Fail(reporter, s, kWorkerBadUsage);
   }
-  absl::StatusOr<c10::Device> device = ResolveDevice(options.device);
+  absl::StatusOr<std::unique_ptr<MemoryDevice>> device =
+      MakeMemoryDevice(options.device, spec->memory().device_budget());
   if (!device.ok()) return Fail(reporter, device.status(), kWorkerBadUsage);
   absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec);
   if (!source.ok()) return Fail(reporter, source.status(), kWorkerFailed);
@@ -191,8 +274,11 @@ int RunWorker(const WorkerOptions& options) {
     reporter.OnLog(LogLevel::kWarning,
                    "checkpoint: settings accepted, but this release writes no checkpoints");
   }
-  Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), std::move(*source),
-                  *device, &reporter);
+  EngineOptions engine;
+  engine.device = device->get();
+  engine.memory = ToMemoryOptions(spec->memory());
+  Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(*source),
+                  &reporter);
   const absl::Status status = trainer.Run();
   if (status.ok()) {
     reporter.Finish(Finished::OUTCOME_SUCCEEDED, "");

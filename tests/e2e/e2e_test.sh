@@ -114,7 +114,7 @@ pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind
 curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape /metrics"
 for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 1' \
               'ferry_step_duration_seconds_bucket{' 'ferry_step_duration_seconds_count' \
-              'ferry_tokens_total ' 'ferry_loss ' 'ferry_memory_bytes{kind="params",tier="host"}' \
+              'ferry_tokens_total ' 'ferry_loss ' 'ferry_memory_bytes{kind="param",tier="host"}' \
               'ferry_memory_capacity_bytes{tier="host"}' 'ferry_build_info{'; do
   grep -qF "$series" "$WORK/metrics.txt" || fail "/metrics lacks $series"
 done
