@@ -44,6 +44,38 @@ TEST(FormatTest, TableAlignsColumns) {
             "j-00000001  tiny  running  3/10  1.5000  -\n");
 }
 
+TEST(FormatTest, MemoryPlacementShowsTiersChunksAndTrace) {
+  ferry::v1::MemoryPlacement m;
+  m.set_job_id("j-1");
+  m.set_policy("auto");
+  m.set_device("sim");
+  m.set_phase("steady");
+  m.set_step(9);
+  m.set_device_capacity_bytes(100 << 20);
+  m.set_device_limit_bytes(95 << 20);
+  for (const char* kind : {"param", "grad", "optimizer"}) {
+    ferry::v1::ChunkPlacement* c = m.add_chunks();
+    c->set_kind(kind);
+    c->set_chunk(0);
+    c->set_tier(std::string(kind) == "grad" ? "none" : std::string(kind) == "param" ? "both" : "host");
+    c->set_placement("pinned_params");
+    c->set_state("hold");
+    c->set_tensors(3);
+    ferry::v1::MemoryUsage* u = m.add_totals();
+    u->set_tier("device");
+    u->set_kind(kind);
+    u->set_bytes(std::string(kind) == "param" ? 50 << 20 : 0);
+  }
+  ferry::v1::PeriodTrace* t = m.add_trace();
+  t->set_name("forward embed");
+  t->set_non_model_bytes(1 << 20);
+  const std::string text = MemoryPlacementText(m);
+  EXPECT_NE(text.find("j-1  auto policy on sim, steady (step 9)"), std::string::npos) << text;
+  EXPECT_NE(text.find("[####################....................]  50 MiB of 100 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("    0  PB G- OH  pinned_params"), std::string::npos) << text;
+  EXPECT_NE(text.find("forward embed"), std::string::npos) << text;
+}
+
 TEST(FormatTest, JsonUsesProtoFieldNames) {
   ferry::v1::Job job;
   job.set_id("j-1");

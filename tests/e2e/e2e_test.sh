@@ -81,6 +81,24 @@ assert last < half, "the final loss should be below half of ln(vocab)"
 PYEOF
 
 expect_refusal 2 "failed precondition: job $ID has already ended" -- cancel "$ID"
+
+# Where the job's model data lived: every chunk on the simulated device.
+"$FERRY" memory "$ID" >"$WORK/memory.txt" || fail "ferry memory failed"
+grep -q "auto policy on sim, steady (step 80)" "$WORK/memory.txt" || fail "ferry memory: $(head -3 "$WORK/memory.txt")"
+grep -q "chunk map" "$WORK/memory.txt" || fail "ferry memory shows no chunk map"
+grep -q "backward h.1" "$WORK/memory.txt" || fail "ferry memory shows no warm-up trace"
+[ "$("$FERRY" memory "$ID" -o json | json "len(d['chunks']) > 0 and d['phase']")" = "steady" ] || fail "ferry memory -o json"
+
+# A device budget too small for one step fails the job with the numbers and
+# what to change; the daemon serves on.
+SMALL="$("$FERRY" submit "$EXAMPLE" --set=train.steps=20,memory.device_budget=2MiB -o json | json "d['id']")"
+set +e; "$FERRY" watch "$SMALL" >"$WORK/small.txt" 2>&1; rc=$?; set -e
+[ "$rc" -eq 1 ] || fail "watch of the over-budget job exited $rc, not 1"
+"$FERRY" get "$SMALL" -o json >"$WORK/small.json"
+[ "$(json "d['state']" <"$WORK/small.json")" = "JOB_STATE_FAILED" ] || fail "the over-budget job did not fail"
+json "d['error']" <"$WORK/small.json" | grep -q "out of device memory in period" || fail "no period in: $(json "d['error']" <"$WORK/small.json")"
+json "d['error']" <"$WORK/small.json" | grep -q "memory.device_budget" || fail "no advice in the error"
+"$FERRY" info >/dev/null || fail "ferryd stopped serving after an out-of-memory job"
 "$FERRY" list | grep -q "$ID  tiny  succeeded" || fail "ferry list does not show the job"
 
 # A job cancelled while it runs ends CANCELLED; ferry watch then exits 1.
@@ -112,7 +130,9 @@ pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind
 
 # /metrics has the documented series, with values from the job.
 curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape /metrics"
-for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 1' \
+for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 2' \
+              'ferry_memory_transferred_bytes_total{direction="host_to_device"}' 'ferry_memory_phase{phase="steady"}' \
+              'ferry_memory_capacity_bytes{tier="device"}' 'ferry_memory_evictions_total' \
               'ferry_step_duration_seconds_bucket{' 'ferry_step_duration_seconds_count' \
               'ferry_tokens_total ' 'ferry_loss ' 'ferry_memory_bytes{kind="param",tier="host"}' \
               'ferry_memory_capacity_bytes{tier="host"}' 'ferry_build_info{'; do
