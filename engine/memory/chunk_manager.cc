@@ -309,7 +309,6 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
     }
     return;
   }
-  const bool was_resident = p.resident;
   Materialize(p);
   if (p.kind == PayloadKind::kGrad && !chunk.grad_started) {
     p.device.zero_();  // this step's gradients start here
@@ -320,16 +319,14 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
   } else if (p.host_valid) {
     device_->CopyToDevice(p.host, p.device);
     stats_.host_to_device_bytes += p.bytes;
+    // Fetched on demand: a prefetch would have saved the wait.
+    if (!prefetch && !warmup_) ++stats_.prefetch_misses;
   } else {
     throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind),
                                         ": no current copy to fetch"));
   }
   p.device_valid = true;
-  if (prefetch) {
-    p.prefetched = true;
-  } else if (!warmup_ && !was_resident) {
-    ++stats_.prefetch_misses;
-  }
+  p.prefetched = prefetch;
 }
 
 uint64_t ChunkManager::DeviceModelBytes() const {
@@ -363,7 +360,8 @@ void ChunkManager::MakeRoom(uint64_t bytes, int period, const std::vector<Payloa
       c.id = static_cast<int>(handles.size());
       c.bytes = p.bytes;
       c.next_use_distance = NextUseDistance(p.uses, period, cycle());
-      c.clean = p.host_valid || !p.device_valid || !Preserve(p);
+      c.dead = !p.device_valid || !Preserve(p);
+      c.clean = c.dead || p.host_valid;
       candidates.push_back(c);
       handles.push_back(&p);
     }
@@ -676,7 +674,7 @@ double ChunkManager::OptimizerStep(int64_t step, double lr, double max_grad_norm
                     o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
       p.host_valid = false;
       o.host_valid = false;
-      g.device_valid = false;
+      Release(g);  // used up; the next backward starts it afresh
     } else {
       if (!p.host_valid || !g.host_valid) {
         throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));

@@ -7,10 +7,13 @@ namespace ferry {
 std::vector<int> ChooseVictims(std::vector<EvictionCandidate> candidates, uint64_t bytes_needed) {
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const EvictionCandidate& a, const EvictionCandidate& b) {
+                     if (a.dead != b.dead) return a.dead;
+                     // A dirty payload costs a write-back now and a fetch
+                     // later; a clean one only the fetch.
+                     if (a.clean != b.clean) return a.clean;
                      if (a.next_use_distance != b.next_use_distance) {
                        return a.next_use_distance > b.next_use_distance;
                      }
-                     if (a.clean != b.clean) return a.clean;
                      return a.bytes > b.bytes;
                    });
   std::vector<int> victims;

@@ -18,11 +18,16 @@ struct EvictionCandidate {
   int next_use_distance = 0;
   // Its host copy is current, so evicting it moves nothing.
   bool clean = false;
+  // It holds nothing that will be needed (e.g. gradients already used):
+  // evicting it costs nothing now or later.
+  bool dead = false;
 };
 
 // The candidates to evict, in order, until at least `bytes_needed` are
-// freed: farthest next use first; among equals, clean before dirty, then
-// larger first. Returns all candidates if even they are not enough.
+// freed: dead payloads first, then clean ones (only a fetch later), then
+// dirty ones (a write-back now as well); within each, the farthest next use
+// first, then the larger. Returns all candidates if even they are not
+// enough.
 std::vector<int> ChooseVictims(std::vector<EvictionCandidate> candidates, uint64_t bytes_needed);
 
 // Periods from `period` until the next period in `uses` (sorted; the periods
