@@ -146,6 +146,8 @@ struct TrafficRow {
   std::optional<uint64_t> auto_bytes;
   // What auto's plan predicted.
   std::optional<uint64_t> planned_bytes;
+  // Why a policy could not train at this budget.
+  std::string static_error, auto_error;
   uint64_t least_bytes = 0;
   uint64_t bound_bytes = 0;
 };
@@ -193,6 +195,15 @@ double MedianSteadySeconds(const Trial& t) {
 }
 
 std::string Opt(const std::optional<uint64_t>& v) { return v ? absl::StrCat(*v) : "null"; }
+
+std::string JsonString(const std::string& s) {
+  std::string e = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') e += '\\';
+    e += ch == '\n' ? ' ' : ch;
+  }
+  return e + "\"";
+}
 std::string Mb(const std::optional<uint64_t>& v) {
   return v ? absl::StrFormat("%.1f", double(*v) / kMiB) : std::string("OOM");
 }
@@ -220,8 +231,9 @@ int main(int argc, char** argv) {
   const double auto_ratio = double(auto_cap.params) * kBytesPerParam / budgets;
 
   // 2. Traffic, for one model at fractions of its model data.
-  const GptConfig traffic_model = quick ? Model(4, 256, 4096, 64) : Model(8, 384, 8192, 128);
-  const int64_t traffic_batch = quick ? 2 : 4;
+  // Short sequences: model data, not activations, should fill the device.
+  const GptConfig traffic_model = quick ? Model(4, 256, 4096, 64) : Model(8, 512, 8192, 64);
+  const int64_t traffic_batch = 2;
   const int64_t traffic_steps = quick ? 5 : 6;
   const int64_t n = traffic_model.ParameterCount();
   const uint64_t model_data = static_cast<uint64_t>(double(n) * kBytesPerParam);
@@ -239,11 +251,14 @@ int main(int argc, char** argv) {
     TrafficRow row;
     row.budget_fraction = fraction;
     row.budget_bytes = static_cast<uint64_t>(fraction * double(model_data));
-    row.static_bytes = SteadyTraffic(*Train(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
-                                            Policy(MemoryOptions::Policy::kStatic, 0)));
+    std::unique_ptr<Trial> st = Train(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
+                                      Policy(MemoryOptions::Policy::kStatic, 0));
+    row.static_bytes = SteadyTraffic(*st);
+    if (!st->status.ok()) row.static_error = std::string(st->status.message()).substr(0, 160);
     std::unique_ptr<Trial> a = Train(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
                                      Policy(MemoryOptions::Policy::kAuto, 0));
     row.auto_bytes = SteadyTraffic(*a);
+    if (!a->status.ok()) row.auto_error = std::string(a->status.message()).substr(0, 160);
     row.planned_bytes = a->status.ok() ? std::optional<uint64_t>(a->observer.placement.planned_traffic_bytes)
                                        : std::nullopt;
     row.least_bytes = LeastTraffic(model_data, row.budget_bytes, peak_non_model);
@@ -251,6 +266,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "  %.0f%%: static %s MiB, auto %s MiB, least %.1f MiB, bound %.1f MiB\n",
                  100 * fraction, Mb(row.static_bytes).c_str(), Mb(row.auto_bytes).c_str(),
                  double(row.least_bytes) / kMiB, double(row.bound_bytes) / kMiB);
+    if (!row.static_error.empty()) std::fprintf(stderr, "    static: %s\n", row.static_error.c_str());
+    if (!row.auto_error.empty()) std::fprintf(stderr, "    auto: %s\n", row.auto_error.c_str());
     traffic.push_back(row);
   }
 
@@ -303,20 +320,14 @@ int main(int argc, char** argv) {
   for (const TrafficRow& r : traffic) {
     rows.push_back(absl::StrFormat(
         "    {\"budget_fraction\": %.2f, \"budget_bytes\": %d, \"static_bytes\": %s, \"auto_bytes\": %s, "
-        "\"auto_planned_bytes\": %s, \"least_bytes\": %d, \"weights_and_gradients_bound_bytes\": %d}",
+        "\"auto_planned_bytes\": %s, \"least_bytes\": %d, \"weights_and_gradients_bound_bytes\": %d, "
+        "\"static_error\": %s, \"auto_error\": %s}",
         r.budget_fraction, r.budget_bytes, Opt(r.static_bytes), Opt(r.auto_bytes), Opt(r.planned_bytes),
-        r.least_bytes, r.bound_bytes));
+        r.least_bytes, r.bound_bytes, JsonString(r.static_error), JsonString(r.auto_error)));
   }
   auto trials = [](const CapacityResult& c) {
     std::vector<std::string> quoted;
-    for (const std::string& s : c.log) {
-      std::string e;
-      for (char ch : s) {
-        if (ch == '"' || ch == '\\') e += '\\';
-        e += ch;
-      }
-      quoted.push_back("\"" + e + "\"");
-    }
+    for (const std::string& s : c.log) quoted.push_back(JsonString(s));
     return absl::StrJoin(quoted, ", ");
   };
   const std::string json = absl::StrCat(

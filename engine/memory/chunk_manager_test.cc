@@ -217,6 +217,46 @@ TEST(ChunkManagerTest, StaticRunsOutOfMemoryWhereAutoFits) {
   for (size_t i = 0; i < ample.losses.size(); ++i) EXPECT_EQ(automatic.losses[i], ample.losses[i]);
 }
 
+TEST(ChunkManagerTest, PrefetchBringsStreamedChunksAheadOfTheirPeriods) {
+  RunResult ample = Train(kAmple, {}, 8);
+  const uint64_t streamed_need = Need(EvaluatePlan(FromReport(ample.placement, kAmple),
+                                                   std::vector<ChunkClass>(4, ChunkClass::kStreamed)));
+  // The planner streams a chunk only when pinning it does not fit: the
+  // largest plan with one streamed chunk sits just above the streamed need.
+  const PlanInput in = FromReport(ample.placement, kAmple);
+  uint64_t capacity = 0;
+  for (uint64_t c = streamed_need * 21 / 20; c < 4 * streamed_need && capacity == 0; c += streamed_need / 50) {
+    PlanInput at = in;
+    at.limit_bytes = static_cast<uint64_t>(double(c) * 0.95);
+    Plan plan = PlanAuto(at);
+    int streamed = 0;
+    for (ChunkClass k : plan.classes) streamed += k == ChunkClass::kStreamed;
+    if (plan.feasible && streamed > 0 && streamed < 4) capacity = c;
+  }
+  ASSERT_GT(capacity, 0u);
+  RunResult ahead = Train(capacity, {}, 8);
+  int hits = 0, misses_ahead = 0;
+  for (size_t s = 2; s < ahead.stats.size(); ++s) {
+    hits += ahead.stats[s].prefetch_hits;
+    misses_ahead += ahead.stats[s].prefetch_misses;
+  }
+  EXPECT_GT(hits, 0);
+
+  MemoryOptions no_prefetch;
+  no_prefetch.prefetch = false;
+  RunResult on_demand = Train(capacity, no_prefetch, 8);
+  int misses = 0;
+  for (size_t s = 2; s < on_demand.stats.size(); ++s) {
+    EXPECT_EQ(on_demand.stats[s].prefetch_hits, 0);
+    misses += on_demand.stats[s].prefetch_misses;
+  }
+  EXPECT_GT(misses, misses_ahead) << "without prefetch the same chunks come on demand";
+  for (size_t i = 0; i < ample.losses.size(); ++i) {
+    EXPECT_EQ(ahead.losses[i], ample.losses[i]);
+    EXPECT_EQ(on_demand.losses[i], ample.losses[i]);
+  }
+}
+
 TEST(ChunkManagerTest, ImpossibleBudgetFailsAfterWarmUpWithTheNumbers) {
   RunResult ample = Train(kAmple, {}, 1);
   const uint64_t streamed_need = Need(EvaluatePlan(FromReport(ample.placement, kAmple),
