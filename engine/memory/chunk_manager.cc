@@ -346,7 +346,10 @@ uint64_t ChunkManager::Predicted(int period) const {
 }
 
 void ChunkManager::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep) {
-  if (warmup_ || options_.policy != MemoryOptions::Policy::kAuto || bytes == 0) return;
+  // Room for the period's predicted non-model memory too, even when its
+  // chunks are all here already: chunks kept from earlier periods must not
+  // crowd out the activations.
+  if (warmup_ || options_.policy != MemoryOptions::Policy::kAuto) return;
   const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
   const double in_use = double(Predicted(period)) + double(DeviceModelBytes());
   if (in_use + double(bytes) <= limit) return;
