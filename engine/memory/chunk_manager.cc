@@ -22,38 +22,29 @@ constexpr int kKinds = 3;
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20)); }
 
-// Identity in forward; at the start of the stage's backward (the gradient of
-// its output arrives) it tells the manager.
-struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
+// Identity in forward. Placed on a stage's output (`post` false) its backward
+// runs as the stage's backward starts, when the gradient of its output
+// arrives; placed on the stage's input (`post` true) its backward runs once
+// the stage's backward is complete, every parameter gradient included (those
+// are accumulated as soon as they are computed).
+struct StageHook : public torch::autograd::Function<StageHook> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            int64_t manager, int64_t stage) {
+                            int64_t manager, int64_t stage, bool post) {
     ctx->saved_data["manager"] = manager;
     ctx->saved_data["stage"] = stage;
+    ctx->saved_data["post"] = post;
     return x.view_as(x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    reinterpret_cast<ChunkManager*>(ctx->saved_data["manager"].toInt())
-        ->PreBackward(static_cast<int>(ctx->saved_data["stage"].toInt()));
-    return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
-
-// Identity in forward, on the stage's input; its backward runs once the
-// stage's backward is complete (every gradient of its parameters included:
-// those are accumulated as soon as they are computed).
-struct PostBackwardHook : public torch::autograd::Function<PostBackwardHook> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            int64_t manager, int64_t stage) {
-    ctx->saved_data["manager"] = manager;
-    ctx->saved_data["stage"] = stage;
-    return x.view_as(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    reinterpret_cast<ChunkManager*>(ctx->saved_data["manager"].toInt())
-        ->PostBackward(static_cast<int>(ctx->saved_data["stage"].toInt()));
-    return {grads[0], at::Tensor(), at::Tensor()};
+    auto* manager = reinterpret_cast<ChunkManager*>(ctx->saved_data["manager"].toInt());
+    const int stage = static_cast<int>(ctx->saved_data["stage"].toInt());
+    if (ctx->saved_data["post"].toBool()) {
+      manager->PostBackward(stage);
+    } else {
+      manager->PreBackward(stage);
+    }
+    return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -468,9 +459,9 @@ at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
   SetStates(stage, TensorState::kCompute);
   BeginPeriod(period, Needed(period));
   const int64_t self = reinterpret_cast<int64_t>(this);
-  at::Tensor x = input.requires_grad() ? PostBackwardHook::apply(input, self, stage) : input;
+  at::Tensor x = input.requires_grad() ? StageHook::apply(input, self, stage, /*post=*/true) : input;
   at::Tensor y = fn(x);
-  if (y.requires_grad()) y = PreBackwardHook::apply(y, self, stage);
+  if (y.requires_grad()) y = StageHook::apply(y, self, stage, /*post=*/false);
   EndPeriod(period);
   SetStates(stage, TensorState::kHold);
   ReleaseAfterPeriod(period);

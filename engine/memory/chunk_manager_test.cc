@@ -185,26 +185,11 @@ TEST(ChunkManagerTest, StaticKeepsZeroOffloadsSplit) {
   }
 }
 
-// The plan's view of a finished run: its warm-up trace and chunk sizes.
-PlanInput FromReport(const PlacementReport& r, uint64_t limit) {
-  PlanInput in;
-  in.limit_bytes = limit;
-  in.forward_periods = in.backward_periods = static_cast<int>(r.trace.size() - 1) / 2;
-  for (const PeriodReport& p : r.trace) {
-    in.non_model_bytes.push_back(p.non_model_bytes);
-    in.period_chunks.push_back(p.chunks);
-  }
-  for (const PayloadReport& p : r.payloads) {
-    if (p.kind == PayloadKind::kParam) in.param_bytes.push_back(p.bytes);
-  }
-  return in;
-}
-
 uint64_t Need(const Plan& plan) { return plan.need_bytes[static_cast<size_t>(plan.binding_period)]; }
 
 TEST(ChunkManagerTest, StaticRunsOutOfMemoryWhereAutoFits) {
   RunResult ample = Train(kAmple, {}, 3);
-  const PlanInput in = FromReport(ample.placement, kAmple);
+  const PlanInput in = PlanInputFromReport(ample.placement, kAmple);
   const uint64_t zero_offload_need = Need(PlanStatic(in, 0.0, 1.0));
   const uint64_t streamed_need = Need(EvaluatePlan(in, std::vector<ChunkClass>(4, ChunkClass::kStreamed)));
   ASSERT_LT(streamed_need * 1.2, double(zero_offload_need)) << "the toy must leave a gap";
@@ -219,11 +204,11 @@ TEST(ChunkManagerTest, StaticRunsOutOfMemoryWhereAutoFits) {
 
 TEST(ChunkManagerTest, PrefetchBringsStreamedChunksAheadOfTheirPeriods) {
   RunResult ample = Train(kAmple, {}, 8);
-  const uint64_t streamed_need = Need(EvaluatePlan(FromReport(ample.placement, kAmple),
+  const uint64_t streamed_need = Need(EvaluatePlan(PlanInputFromReport(ample.placement, kAmple),
                                                    std::vector<ChunkClass>(4, ChunkClass::kStreamed)));
   // The planner streams a chunk only when pinning it does not fit: the
   // largest plan with one streamed chunk sits just above the streamed need.
-  const PlanInput in = FromReport(ample.placement, kAmple);
+  const PlanInput in = PlanInputFromReport(ample.placement, kAmple);
   uint64_t capacity = 0;
   for (uint64_t c = streamed_need * 21 / 20; c < 4 * streamed_need && capacity == 0; c += streamed_need / 50) {
     PlanInput at = in;
@@ -259,7 +244,7 @@ TEST(ChunkManagerTest, PrefetchBringsStreamedChunksAheadOfTheirPeriods) {
 
 TEST(ChunkManagerTest, ImpossibleBudgetFailsAfterWarmUpWithTheNumbers) {
   RunResult ample = Train(kAmple, {}, 1);
-  const uint64_t streamed_need = Need(EvaluatePlan(FromReport(ample.placement, kAmple),
+  const uint64_t streamed_need = Need(EvaluatePlan(PlanInputFromReport(ample.placement, kAmple),
                                                    std::vector<ChunkClass>(4, ChunkClass::kStreamed)));
   // The warm-up fits, but not with the margin the plan keeps.
   SimulatedDevice device(streamed_need * 11 / 10);

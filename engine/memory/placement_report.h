@@ -77,4 +77,8 @@ struct PlacementReport {
   uint64_t planned_traffic_bytes = 0;
 };
 
+// The planner's input for a run as its report describes it: the warm-up
+// trace and the chunks' sizes, with `limit_bytes` to fill.
+PlanInput PlanInputFromReport(const PlacementReport& report, uint64_t limit_bytes);
+
 }  // namespace ferry

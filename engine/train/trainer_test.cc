@@ -158,16 +158,7 @@ TrainOptions Small(int64_t steps) {
 }
 
 uint64_t PlannedNeed(const PlacementReport& r, bool zero_offload) {
-  PlanInput in;
-  in.limit_bytes = UINT64_MAX;
-  in.forward_periods = in.backward_periods = static_cast<int>(r.trace.size() - 1) / 2;
-  for (const PeriodReport& p : r.trace) {
-    in.non_model_bytes.push_back(p.non_model_bytes);
-    in.period_chunks.push_back(p.chunks);
-  }
-  for (const PayloadReport& p : r.payloads) {
-    if (p.kind == PayloadKind::kParam) in.param_bytes.push_back(p.bytes);
-  }
+  const PlanInput in = PlanInputFromReport(r, UINT64_MAX);
   Plan plan = zero_offload ? PlanStatic(in, 0.0, 1.0)
                            : EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
   return plan.need_bytes[static_cast<size_t>(plan.binding_period)];
