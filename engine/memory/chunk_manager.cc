@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <stdexcept>
 
@@ -48,14 +49,18 @@ struct StageHook : public torch::autograd::Function<StageHook> {
   }
 };
 
-// A 1-D float buffer on `device` whose storage outlives its memory: the
-// manager swaps the memory behind it in and out.
-at::Tensor MakeDeviceBuffer(MemoryDevice* device, int64_t numel) {
-  const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+// A 1-D buffer on `device` whose storage outlives its memory: the manager
+// swaps the memory behind it in and out.
+at::Tensor MakeDeviceBuffer(MemoryDevice* device, int64_t numel, c10::ScalarType dtype) {
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, device->ReleasedPlaceholder(bytes),
                        /*allocator=*/nullptr, /*resizable=*/false);
-  return at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(device->compute_device()))
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(device->compute_device()))
       .set_(storage, 0, {numel}, {1});
+}
+
+LowType LowTypeOf(c10::ScalarType t) {
+  return t == at::kHalf ? LowType::kFloat16 : t == at::kBFloat16 ? LowType::kBFloat16 : LowType::kFloat32;
 }
 
 }  // namespace
@@ -64,6 +69,7 @@ struct ChunkManager::Payload {
   PayloadKind kind = PayloadKind::kParam;
   int chunk = 0;
   int64_t numel = 0;
+  c10::ScalarType dtype = c10::kFloat;
   uint64_t bytes = 0;
   // The device copy: persistent storage whose memory comes and goes.
   at::Tensor device;
@@ -108,7 +114,7 @@ struct ChunkManager::ManagedTensor {
 };
 
 ChunkManager::ChunkManager(MemoryDevice* device, MemoryOptions options, OptimizerOptions optimizer)
-    : device_(device), options_(options), optimizer_(optimizer) {}
+    : device_(device), simd_(BestSimdPath()), options_(options), optimizer_(optimizer) {}
 
 ChunkManager::~ChunkManager() = default;
 
@@ -149,9 +155,12 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       Payload& p = chunk.payloads[k];
       p.kind = static_cast<PayloadKind>(k);
       p.chunk = c;
-      p.numel = p.kind == PayloadKind::kOptimizer ? 2 * chunk.capacity : chunk.capacity;
-      p.bytes = static_cast<uint64_t>(p.numel) * sizeof(float);
-      p.device = MakeDeviceBuffer(device, p.numel);
+      // Optimizer states: both moments, and in mixed precision the fp32
+      // master weights after them.
+      p.numel = p.kind == PayloadKind::kOptimizer ? (m->mixed() ? 3 : 2) * chunk.capacity : chunk.capacity;
+      p.dtype = p.kind == PayloadKind::kOptimizer ? c10::kFloat : optimizer.param_dtype;
+      p.bytes = static_cast<uint64_t>(p.numel) * c10::elementSize(p.dtype);
+      p.device = MakeDeviceBuffer(device, p.numel, p.dtype);
     }
   }
   m->tensors_.resize(params.size());
@@ -193,11 +202,23 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
       m->EnsureHost(p);
       HostAllocationScope host;
-      p.host.zero_();
+      // fp32: the parameter chunk is the master. Mixed precision: the master
+      // sits with the optimizer states, the parameters are its rounded copy.
+      at::Tensor master = p.host;
+      if (m->mixed()) {
+        Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+        m->EnsureHost(o);
+        o.host.zero_();
+        o.host_valid = true;
+        chunk.optimizer_initialized = true;
+        master = o.host.narrow(0, 2 * chunk.capacity, chunk.capacity);
+      }
+      master.zero_();
       for (int i : chunk.tensors) {
         const ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
-        p.host.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
+        master.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
       }
+      if (m->mixed()) p.host.copy_(master);
       p.host_valid = true;
     }
     for (ManagedTensor& t : m->tensors_) {
@@ -261,7 +282,7 @@ void ChunkManager::EnsureHost(Payload& p) {
         " more for chunk ", p.chunk, "); raise memory.host_budget or memory.device_budget, "
         "or use a smaller model"));
   }
-  p.host = device_->AllocateHost(p.numel);
+  p.host = device_->AllocateHost(p.numel, p.dtype);
   host_model_bytes_ += p.bytes;
 }
 
@@ -275,7 +296,7 @@ bool ChunkManager::Preserve(const Payload& p) const {
       // updated on the device until the optimizer has used it.
       return chunk.grad_started && (!chunk.grad_reduced || (plan_applied_ && chunk.device_homed()));
     case PayloadKind::kOptimizer:
-      return chunk.optimizer_initialized;
+      return chunk.optimizer_initialized;  // from the start in mixed precision: it holds the master
   }
   return true;
 }
@@ -502,7 +523,10 @@ void ChunkManager::PostBackward(int stage) {
 
 void ChunkManager::Reduce(Chunk& chunk) {
   Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
-  const double norm = g.device.narrow(0, 0, chunk.used).norm().item<double>();
+  // In fp32 whatever the gradients' type; an overflow shows as inf or NaN.
+  const double norm =
+      at::linalg_vector_norm(g.device.narrow(0, 0, chunk.used), 2, c10::nullopt, false, at::kFloat)
+          .item<double>();
   grad_sq_sum_ += norm * norm;
   chunk.grad_reduced = true;
   if (plan_applied_ && chunk.device_homed()) return;
@@ -639,59 +663,106 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
   grad_sq_sum_ = 0;
 }
 
-double ChunkManager::OptimizerStep(int64_t step, double lr, double max_grad_norm) {
+void ChunkManager::UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper) {
+  Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
+  Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+  Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+  const at::Tensor& params = device_copies ? p.device : p.host;
+  const at::Tensor& states = device_copies ? o.device : o.host;
+  const at::Tensor& grads = device_copies ? g.device : g.host;
+  CpuAdamBuffers b;
+  b.master = mixed() ? states.data_ptr<float>() + 2 * chunk.capacity : params.data_ptr<float>();
+  b.grad = grads.data_ptr();
+  b.grad_type = LowTypeOf(g.dtype);
+  b.exp_avg = states.data_ptr<float>();
+  b.exp_avg_sq = states.data_ptr<float>() + chunk.capacity;
+  if (mixed()) {
+    b.copy = params.data_ptr();
+    b.copy_type = LowTypeOf(p.dtype);
+  }
+  b.numel = chunk.used;
+  CpuAdamWStep(b, chunk.decay, hyper, simd_);
+}
+
+OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_grad_norm, double loss_scale) {
   const int period = OptimizerPeriod();
   BeginPeriod(period, Needed(period));
-  const double total_norm = std::sqrt(grad_sq_sum_);
-  double scale = 1.0;
-  if (max_grad_norm > 0) {
-    // As torch::nn::utils::clip_grad_norm_ computes it.
-    const double coef = max_grad_norm / (total_norm + 1e-6);
-    if (coef < 1.0) scale = coef;
-  }
-  AdamWHyper hyper;
-  hyper.lr = lr;
-  hyper.beta1 = optimizer_.beta1;
-  hyper.beta2 = optimizer_.beta2;
-  hyper.eps = optimizer_.eps;
-  hyper.weight_decay = optimizer_.weight_decay;
-  hyper.step = step;
-  hyper.grad_scale = scale;
-  device_->SynchronizeTransfers();
-  for (Chunk& chunk : chunks_) {
-    Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
-    Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
-    Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
-    const int64_t n = chunk.used;
-    if (plan_applied_ && chunk.device_homed()) {
-      FlatAdamWStep(p.device.narrow(0, 0, n), g.device.narrow(0, 0, n), o.device.narrow(0, 0, n),
-                    o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
-      p.host_valid = false;
-      o.host_valid = false;
-      Release(g);  // used up; the next backward starts it afresh
-    } else {
-      if (!p.host_valid || !g.host_valid) {
-        throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
-      }
-      EnsureHost(o);
-      HostAllocationScope host;
-      if (!chunk.optimizer_initialized) o.host.zero_();
-      FlatAdamWStep(p.host.narrow(0, 0, n), g.host.narrow(0, 0, n), o.host.narrow(0, 0, n),
-                    o.host.narrow(0, chunk.capacity, n), chunk.decay, hyper);
-      o.host_valid = true;
+  OptimizerResult result;
+  if (!std::isfinite(grad_sq_sum_)) {
+    // Overflow: drop this step's gradients and leave every weight and state
+    // as it was.
+    result.grad_norm = std::numeric_limits<double>::infinity();
+    result.skipped = true;
+    for (Chunk& chunk : chunks_) {
+      Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
       g.host_valid = false;
-      p.device_valid = false;
-      if (p.pinned) {
-        Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
-      } else {
-        Release(p);
-      }
+      Release(g);
     }
-    chunk.optimizer_initialized = true;
+  } else {
+    result.grad_norm = std::sqrt(grad_sq_sum_) / loss_scale;
+    double clip = 1.0;
+    if (max_grad_norm > 0) {
+      // As torch::nn::utils::clip_grad_norm_ computes it.
+      const double coef = max_grad_norm / (result.grad_norm + 1e-6);
+      if (coef < 1.0) clip = coef;
+    }
+    AdamWHyper hyper;
+    hyper.lr = lr;
+    hyper.beta1 = optimizer_.beta1;
+    hyper.beta2 = optimizer_.beta2;
+    hyper.eps = optimizer_.eps;
+    hyper.weight_decay = optimizer_.weight_decay;
+    hyper.step = step;
+    hyper.grad_scale = clip / loss_scale;
+    device_->SynchronizeTransfers();
+    const bool cpu_device = device_->compute_device().is_cpu();
+    for (Chunk& chunk : chunks_) {
+      Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
+      Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+      Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+      const int64_t n = chunk.used;
+      if (plan_applied_ && chunk.device_homed()) {
+        if (cpu_device) {
+          // The simulated device is CPU memory: the same kernel as the host's,
+          // so where a chunk lives never changes the numbers.
+          UpdateOnCpu(chunk, /*device_copies=*/true, hyper);
+        } else if (mixed()) {
+          at::Tensor master = o.device.narrow(0, 2 * chunk.capacity, n);
+          FlatAdamWStep(master, g.device.narrow(0, 0, n).to(at::kFloat), o.device.narrow(0, 0, n),
+                        o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
+          p.device.narrow(0, 0, n).copy_(master);
+        } else {
+          FlatAdamWStep(p.device.narrow(0, 0, n), g.device.narrow(0, 0, n), o.device.narrow(0, 0, n),
+                        o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
+        }
+        p.host_valid = false;
+        o.host_valid = false;
+        Release(g);  // used up; the next backward starts it afresh
+      } else {
+        if (!p.host_valid || !g.host_valid) {
+          throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
+        }
+        EnsureHost(o);
+        if (!chunk.optimizer_initialized) {
+          HostAllocationScope host;
+          o.host.zero_();
+        }
+        UpdateOnCpu(chunk, /*device_copies=*/false, hyper);
+        o.host_valid = true;
+        g.host_valid = false;
+        p.device_valid = false;
+        if (p.pinned) {
+          Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
+        } else {
+          Release(p);
+        }
+      }
+      chunk.optimizer_initialized = true;
+    }
   }
   for (ManagedTensor& t : tensors_) t.state = Transition(t.name, t.state, TensorState::kHold);
   EndPeriod(period);
-  return total_norm;
+  return result;
 }
 
 StepMemoryStats ChunkManager::EndStep() {
@@ -757,6 +828,26 @@ PlacementReport ChunkManager::Placement() const {
     r.trace.push_back(period);
   }
   return r;
+}
+
+std::vector<at::Tensor> ChunkManager::ParameterValues() const {
+  HostAllocationScope host;
+  device_->SynchronizeTransfers();
+  std::vector<at::Tensor> values;
+  for (const ManagedTensor& t : tensors_) {
+    const Chunk& chunk = chunks_[static_cast<size_t>(t.chunk)];
+    // The master: the parameter chunk in fp32, after the moments otherwise.
+    const Payload& m = chunk.payloads[static_cast<int>(mixed() ? PayloadKind::kOptimizer : PayloadKind::kParam)];
+    const int64_t base = mixed() ? 2 * chunk.capacity : 0;
+    const at::Tensor& source = m.host_valid ? m.host : m.device;
+    if (!m.host_valid && !(m.resident && m.device_valid)) {
+      throw std::logic_error(absl::StrCat(t.name, ": no current copy of its master weights"));
+    }
+    values.push_back(source.narrow(0, base + t.offset, t.numel)
+                         .to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                         .view(t.param.sizes()));
+  }
+  return values;
 }
 
 std::string ChunkManager::ExplainOutOfMemory(const std::string& what) const {

@@ -39,6 +39,7 @@
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
 #include "engine/memory/tensor_state.h"
+#include "engine/optim/cpu_adam.h"
 #include "engine/optim/flat_adamw.h"
 
 namespace ferry {
@@ -57,12 +58,23 @@ struct StageParams {
   std::vector<int> params;
 };
 
-// Hyper-parameters of the optimizer that do not change over training.
+// Hyper-parameters of the optimizer that do not change over training, and
+// the precision of the weights the model computes with.
 struct OptimizerOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  // kFloat, or kHalf / kBFloat16 for mixed precision: weights and gradients
+  // in that type, fp32 master weights kept with the optimizer states.
+  c10::ScalarType param_dtype = c10::kFloat;
+};
+
+struct OptimizerResult {
+  // The global gradient norm before clipping (unscaled).
+  double grad_norm = 0;
+  // The gradients overflowed: nothing was updated.
+  bool skipped = false;
 };
 
 class ChunkManager {
@@ -90,13 +102,19 @@ class ChunkManager {
   // the placement; RESOURCE_EXHAUSTED, with the numbers and what to change,
   // when no placement fits the device.
   absl::Status FinishBackward();
-  // Clips the gradients to `max_grad_norm` (0: no clipping) and runs AdamW on
-  // every chunk where its optimizer states live. Returns the global gradient
-  // norm before clipping.
-  double OptimizerStep(int64_t step, double lr, double max_grad_norm);
+  // Unscales the gradients by `loss_scale`, clips them to `max_grad_norm` (0:
+  // no clipping) and runs AdamW on every chunk where its optimizer states
+  // live; `step` is the 1-based count of applied updates (bias correction).
+  // If any gradient is inf or NaN the step is skipped: no weight or state
+  // changes.
+  OptimizerResult OptimizerStep(int64_t step, double lr, double max_grad_norm, double loss_scale = 1.0);
   StepMemoryStats EndStep();
 
   PlacementReport Placement() const;
+  // A copy of every managed parameter's fp32 (master) values, in the order
+  // given to Create, on the CPU. Parameter tensors themselves may point at a
+  // released chunk between periods: read them through this.
+  std::vector<at::Tensor> ParameterValues() const;
   // A message for an out-of-memory error raised during the step: where it
   // happened, what was on the device, and what to change.
   std::string ExplainOutOfMemory(const std::string& what) const;
@@ -142,6 +160,8 @@ class ChunkManager {
   void EndPeriod(int period);
   void SetStates(int stage, TensorState to);
   void Reduce(Chunk& chunk);
+  void UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper);
+  bool mixed() const { return optimizer_.param_dtype != c10::kFloat; }
   void ApplyPlan();
   void Demote();
   bool Preserve(const Payload& p) const;
@@ -150,6 +170,7 @@ class ChunkManager {
   PlanInput MakePlanInput() const;
 
   MemoryDevice* device_;
+  SimdPath simd_;
   MemoryOptions options_;
   OptimizerOptions optimizer_;
   ChunkLayout layout_;

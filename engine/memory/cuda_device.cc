@@ -76,8 +76,8 @@ c10::DataPtr CudaDevice::AllocateDevice(size_t bytes) {
 
 c10::DataPtr CudaDevice::ReleasedPlaceholder(size_t) { return c10::DataPtr(nullptr, device_); }
 
-at::Tensor CudaDevice::AllocateHost(int64_t numel) {
-  return at::empty({numel}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+at::Tensor CudaDevice::AllocateHost(int64_t numel, c10::ScalarType dtype) {
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
 }
 
 void CudaDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device) {

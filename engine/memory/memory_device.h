@@ -45,9 +45,9 @@ class MemoryDevice {
   // What a released device copy points at: any read or write of it is a
   // fault, so a bug that touches a chunk that is not resident shows at once.
   virtual c10::DataPtr ReleasedPlaceholder(size_t bytes) = 0;
-  // A 1-D float buffer for a chunk's host copy (pinned where that lets
+  // A 1-D buffer of `dtype` for a chunk's host copy (pinned where that lets
   // transfers overlap compute).
-  virtual at::Tensor AllocateHost(int64_t numel) = 0;
+  virtual at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype) = 0;
 
   // Copies between a chunk's host and device copies (same shape). They may
   // run on a transfer stream, overlapping compute.

@@ -144,9 +144,9 @@ c10::DataPtr SimulatedDevice::ReleasedPlaceholder(size_t bytes) {
   return c10::DataPtr(ptr, new Placeholder{ptr, bytes}, &UnmapPlaceholder, c10::Device(c10::kCPU));
 }
 
-at::Tensor SimulatedDevice::AllocateHost(int64_t numel) {
+at::Tensor SimulatedDevice::AllocateHost(int64_t numel, c10::ScalarType dtype) {
   HostAllocationScope host;
-  return at::empty({numel}, at::TensorOptions().dtype(at::kFloat));
+  return at::empty({numel}, at::TensorOptions().dtype(dtype));
 }
 
 void SimulatedDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device) {

@@ -52,7 +52,7 @@ class SimulatedDevice : public MemoryDevice {
   void ResetPeak() override;
   c10::DataPtr AllocateDevice(size_t bytes) override;
   c10::DataPtr ReleasedPlaceholder(size_t bytes) override;
-  at::Tensor AllocateHost(int64_t numel) override;
+  at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype) override;
   void CopyToDevice(const at::Tensor& host, const at::Tensor& device) override;
   void CopyToHost(const at::Tensor& device, const at::Tensor& host) override;
   void ComputeWaitsForTransfers() override {}

@@ -35,7 +35,7 @@ TEST(SimulatedDeviceTest, GoingOverCapacityThrowsOutOfMemory) {
 TEST(SimulatedDeviceTest, HostScopeAndHostBuffersDoNotCount) {
   SimulatedDevice device(kMiB);
   const uint64_t before = device.allocated_bytes();
-  torch::Tensor host = device.AllocateHost(2 * kMiB / 4);  // bigger than the device
+  torch::Tensor host = device.AllocateHost(2 * kMiB / 4, at::kFloat);  // bigger than the device
   {
     HostAllocationScope scope;
     torch::Tensor t = torch::empty({static_cast<int64_t>(2 * kMiB / 4)});
@@ -46,7 +46,7 @@ TEST(SimulatedDeviceTest, HostScopeAndHostBuffersDoNotCount) {
 
 TEST(SimulatedDeviceTest, TransfersAreRealCopiesBetweenSeparateBuffers) {
   SimulatedDevice device(kMiB);
-  torch::Tensor host = device.AllocateHost(16);
+  torch::Tensor host = device.AllocateHost(16, at::kFloat);
   host.copy_(torch::arange(16, torch::kFloat));
   c10::DataPtr data = device.AllocateDevice(16 * sizeof(float));
   torch::Tensor on_device = torch::from_blob(data.get(), {16}, torch::kFloat);

@@ -16,10 +16,31 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(1e-5));
 }
 
+bool Reduced(const ComputeMode& m) { return m.dtype != at::kFloat; }
+
+torch::Tensor Dense(const torch::Tensor& x, torch::nn::Linear l, const ComputeMode& m) {
+  if (!Reduced(m) || !m.upcast) return l->forward(x);
+  return at::linear(x.to(at::kFloat), l->weight.to(at::kFloat), l->bias.to(at::kFloat)).to(m.dtype);
+}
+
+torch::Tensor Norm(const torch::Tensor& x, torch::nn::LayerNorm ln, const ComputeMode& m) {
+  if (!Reduced(m)) return ln->forward(x);
+  return at::layer_norm(x.to(at::kFloat), ln->options.normalized_shape(), ln->weight.to(at::kFloat),
+                        ln->bias.to(at::kFloat), ln->options.eps())
+      .to(m.dtype);
+}
+
+// a @ b, in fp32 when upcasting.
+torch::Tensor MatMul(const torch::Tensor& a, const torch::Tensor& b, const ComputeMode& m) {
+  if (!Reduced(m) || !m.upcast) return a.matmul(b);
+  return a.to(at::kFloat).matmul(b.to(at::kFloat)).to(m.dtype);
+}
+
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask)
-    : heads_(config.heads), causal_mask_(std::move(causal_mask)) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask,
+                                                 std::shared_ptr<const ComputeMode> mode)
+    : heads_(config.heads), mode_(std::move(mode)), causal_mask_(std::move(causal_mask)) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.hidden, 3 * config.hidden));
   c_proj = register_module("c_proj", torch::nn::Linear(config.hidden, config.hidden));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
@@ -32,7 +53,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t hidden = x.size(2);
   const int64_t head_dim = hidden / heads_;
 
-  std::vector<torch::Tensor> qkv = c_attn->forward(x).split(hidden, /*dim=*/2);
+  const ComputeMode& m = *mode_;
+  std::vector<torch::Tensor> qkv = Dense(x, c_attn, m).split(hidden, /*dim=*/2);
   auto to_heads = [&](const torch::Tensor& t) {
     return t.view({batch, time, heads_, head_dim}).transpose(1, 2);  // [B, nh, T, hd]
   };
@@ -40,39 +62,46 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor k = to_heads(qkv[1]);
   torch::Tensor v = to_heads(qkv[2]);
 
-  torch::Tensor scores = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(double(head_dim)));
+  torch::Tensor scores = MatMul(q, k.transpose(-2, -1), m) * (1.0 / std::sqrt(double(head_dim)));
   torch::Tensor allowed = causal_mask_.slice(0, 0, time).slice(1, 0, time);
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  torch::Tensor weights = attn_dropout_->forward(scores.softmax(-1));
-  torch::Tensor y = weights.matmul(v).transpose(1, 2).contiguous().view({batch, time, hidden});
-  return resid_dropout_->forward(c_proj->forward(y));
+  // Softmax always in fp32.
+  torch::Tensor probabilities = Reduced(m) ? scores.to(at::kFloat).softmax(-1).to(m.dtype) : scores.softmax(-1);
+  torch::Tensor weights = attn_dropout_->forward(probabilities);
+  torch::Tensor y = MatMul(weights, v, m).transpose(1, 2).contiguous().view({batch, time, hidden});
+  return resid_dropout_->forward(Dense(y, c_proj, m));
 }
 
-MlpImpl::MlpImpl(const GptConfig& config) {
+MlpImpl::MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode) : mode_(std::move(mode)) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.hidden, 4 * config.hidden));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.hidden, config.hidden));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  const ComputeMode& m = *mode_;
   // GPT-2 uses the tanh approximation of GELU.
-  torch::Tensor hidden = at::gelu(c_fc->forward(x), "tanh");
-  return dropout_->forward(c_proj->forward(hidden));
+  torch::Tensor up = Dense(x, c_fc, m);
+  torch::Tensor hidden = Reduced(m) && m.upcast ? at::gelu(up.to(at::kFloat), "tanh").to(m.dtype)
+                                                : at::gelu(up, "tanh");
+  return dropout_->forward(Dense(hidden, c_proj, m));
 }
 
-BlockImpl::BlockImpl(const GptConfig& config, torch::Tensor causal_mask) {
+BlockImpl::BlockImpl(const GptConfig& config, torch::Tensor causal_mask,
+                     std::shared_ptr<const ComputeMode> mode)
+    : mode_(mode) {
   ln_1 = register_module("ln_1", MakeLayerNorm(config.hidden));
-  attn = register_module("attn", CausalSelfAttention(config, std::move(causal_mask)));
+  attn = register_module("attn", CausalSelfAttention(config, std::move(causal_mask), mode));
   ln_2 = register_module("ln_2", MakeLayerNorm(config.hidden));
-  mlp = register_module("mlp", Mlp(config));
+  mlp = register_module("mlp", Mlp(config, mode));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = x + attn->forward(ln_1->forward(x));
-  return y + mlp->forward(ln_2->forward(y));
+  torch::Tensor y = x + attn->forward(Norm(x, ln_1, *mode_));
+  return y + mlp->forward(Norm(y, ln_2, *mode_));
 }
 
-GptImpl::GptImpl(const GptConfig& config) : config_(config) {
+GptImpl::GptImpl(const GptConfig& config) : config_(config), mode_(std::make_shared<ComputeMode>()) {
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.hidden));
   wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
   drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
@@ -81,7 +110,7 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config) {
   causal_mask_ = register_buffer(
       "causal_mask", torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config, causal_mask_));
+  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config, causal_mask_, mode_));
   ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
 
   torch::NoGradGuard no_grad;
@@ -109,7 +138,7 @@ torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
 }
 
 torch::Tensor GptImpl::Head(const torch::Tensor& x) {
-  return ln_f->forward(x).matmul(wte->weight.t());
+  return MatMul(Norm(x, ln_f, *mode_), wte->weight.t(), *mode_);
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
@@ -123,7 +152,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
 
 torch::Tensor GptImpl::Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+      logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
 }
 
 }  // namespace ferry

@@ -14,16 +14,29 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <memory>
+
 #include "engine/model/gpt_config.h"
 
 namespace ferry {
+
+// How the model computes. With fp32 weights everything is plain fp32. With
+// reduced-precision weights (fp16, bf16) activations are kept in that type;
+// layer norms and softmax always compute in fp32; and with `upcast` (for
+// devices without fast reduced-precision kernels, such as the CPU) matrix
+// products compute in fp32 too, their results stored reduced.
+struct ComputeMode {
+  c10::ScalarType dtype = c10::kFloat;
+  bool upcast = false;
+};
 
 // Multi-head self-attention where position t attends to positions <= t.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   // `causal_mask`: lower-triangular [seq_len, seq_len] bool, true where
-  // attention is allowed; shared by every block of the model.
-  CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask);
+  // attention is allowed; shared by every block of the model, as `mode`.
+  CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask,
+                          std::shared_ptr<const ComputeMode> mode);
   // x: [batch, time, hidden] -> [batch, time, hidden].
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -32,6 +45,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_;
+  std::shared_ptr<const ComputeMode> mode_;
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout resid_dropout_{nullptr};
   torch::Tensor causal_mask_;
@@ -40,13 +54,14 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const GptConfig& config);
+  MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
 
  private:
+  std::shared_ptr<const ComputeMode> mode_;
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Mlp);
@@ -54,13 +69,16 @@ TORCH_MODULE(Mlp);
 // A pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptConfig& config, torch::Tensor causal_mask);
+  BlockImpl(const GptConfig& config, torch::Tensor causal_mask, std::shared_ptr<const ComputeMode> mode);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
   Mlp mlp{nullptr};
+
+ private:
+  std::shared_ptr<const ComputeMode> mode_;
 };
 TORCH_MODULE(Block);
 
@@ -79,8 +97,13 @@ class GptImpl : public torch::nn::Module {
   torch::Tensor Embed(const torch::Tensor& tokens);
   torch::Tensor Head(const torch::Tensor& x);
 
-  // Mean cross-entropy of logits against targets ([batch, time] int64).
+  // Mean cross-entropy of logits against targets ([batch, time] int64),
+  // computed in fp32 whatever the logits' type.
   static torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+  // How to compute from now on (the weights must already be of mode.dtype).
+  void SetComputeMode(const ComputeMode& mode) { *mode_ = mode; }
+  const ComputeMode& compute_mode() const { return *mode_; }
 
   const GptConfig& config() const { return config_; }
   int64_t block_count() const { return static_cast<int64_t>(h->size()); }
@@ -93,6 +116,7 @@ class GptImpl : public torch::nn::Module {
 
  private:
   GptConfig config_;
+  std::shared_ptr<ComputeMode> mode_;
   torch::nn::Dropout drop_{nullptr};
   // The one causal mask every block uses (a buffer: it moves with the model).
   torch::Tensor causal_mask_;

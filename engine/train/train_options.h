@@ -27,6 +27,13 @@ struct TrainOptions {
   uint64_t seed = 1;
   // Intra-op CPU threads; 0 leaves LibTorch's default.
   int threads = 0;
+  // Weights, activations and gradients in fp32, or in fp16 / bf16 with fp32
+  // master weights (mixed precision; the chunked engine only).
+  enum class Precision { kFp32, kFp16, kBf16 };
+  Precision precision = Precision::kFp32;
+  // fp16: the initial loss scale and the clean steps before it grows.
+  double loss_scale = 65536.0;
+  int64_t loss_scale_growth_interval = 1000;
 };
 
 }  // namespace ferry

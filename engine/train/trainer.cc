@@ -14,6 +14,7 @@
 #include "engine/common/torch_status.h"
 #include "engine/memory/simulated_device.h"
 #include "engine/model/gpt.h"
+#include "engine/optim/loss_scaler.h"
 #include "engine/train/lr_schedule.h"
 
 namespace ferry {
@@ -33,7 +34,7 @@ class StepEngine {
   virtual ~StepEngine() = default;
   // Forward, backward and update; returns the loss and the gradient norm.
   virtual absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets,
-                            int64_t step, double lr, double* loss, double* grad_norm) = 0;
+                            double lr, double* loss, double* grad_norm) = 0;
   // Fills the memory part of the report.
   virtual void Report(StepReport* report) = 0;
   virtual std::string ExplainOutOfMemory(const std::string& what) const = 0;
@@ -66,7 +67,7 @@ class PlainEngine : public StepEngine {
     max_norm_ = options.grad_clip > 0 ? options.grad_clip : std::numeric_limits<double>::infinity();
   }
 
-  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int64_t, double lr,
+  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, double lr,
                     double* loss, double* grad_norm) override {
     for (auto& group : optimizer_->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -123,9 +124,11 @@ class ChunkedEngine : public StepEngine {
     return e;
   }
 
-  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int64_t step, double lr,
+  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, double lr,
                     double* loss, double* grad_norm) override {
     GptImpl& gpt = *model_;
+    const double scale = scaler_ ? scaler_->scale() : 1.0;
+    used_scale_ = scale;
     manager_->BeginStep(inputs.sizes().vec());
     torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
     for (int64_t i = 0; i < gpt.block_count(); ++i) {
@@ -137,11 +140,20 @@ class ChunkedEngine : public StepEngine {
                                            return GptImpl::Loss(gpt.Head(t), targets);
                                          });
     *loss = l.item<double>();
-    l.backward();
+    (scale != 1.0 ? l * scale : l).backward();
     l = torch::Tensor();
     x = torch::Tensor();
     RETURN_IF_ERROR(manager_->FinishBackward());
-    *grad_norm = manager_->OptimizerStep(step, lr, train_.grad_clip);
+    const OptimizerResult result = manager_->OptimizerStep(updates_ + 1, lr, train_.grad_clip, scale);
+    *grad_norm = result.grad_norm;
+    skipped_ = result.skipped;
+    if (!result.skipped) ++updates_;
+    if (scaler_) {
+      scaler_->Update(result.skipped);
+    } else if (result.skipped) {
+      return absl::FailedPreconditionError(
+          "the gradients are not finite; lower train.lr, set train.grad_clip, or use fp32 or bf16");
+    }
     stats_ = manager_->EndStep();
     observer_->OnPlacement(manager_->Placement());
     return absl::OkStatus();
@@ -156,6 +168,9 @@ class ChunkedEngine : public StepEngine {
       report->memory.push_back({"host", kKinds[k], stats_.host_bytes[k]});
     }
     report->memory.push_back({"device", "activation", stats_.peak_non_model_bytes});
+    report->loss_scale = used_scale_;
+    report->skipped = skipped_;
+    report->skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
   }
 
   std::string ExplainOutOfMemory(const std::string& what) const override {
@@ -199,6 +214,24 @@ class ChunkedEngine : public StepEngine {
     optimizer.beta2 = train_.beta2;
     optimizer.eps = train_.eps;
     optimizer.weight_decay = train_.weight_decay;
+    switch (train_.precision) {
+      case TrainOptions::Precision::kFp32:
+        break;
+      case TrainOptions::Precision::kFp16: {
+        optimizer.param_dtype = at::kHalf;
+        LossScalerOptions scaling;
+        scaling.initial_scale = train_.loss_scale;
+        scaling.growth_interval = train_.loss_scale_growth_interval;
+        scaler_ = std::make_unique<DynamicLossScaler>(scaling);
+        break;
+      }
+      case TrainOptions::Precision::kBf16:
+        optimizer.param_dtype = at::kBFloat16;
+        break;
+    }
+    // Reduced-precision matrix products run natively where the device has
+    // fast kernels for them; the CPU computes them in fp32.
+    model_->SetComputeMode({optimizer.param_dtype, device_->compute_device().is_cpu()});
     ASSIGN_OR_RETURN(manager_, ChunkManager::Create(device_, std::move(params), std::move(stages),
                                                     memory, optimizer));
     const ChunkLayout& layout = manager_->layout();
@@ -217,6 +250,12 @@ class ChunkedEngine : public StepEngine {
   TrainingObserver* observer_;
   std::unique_ptr<ChunkManager> manager_;
   StepMemoryStats stats_;
+  // fp16 only.
+  std::unique_ptr<DynamicLossScaler> scaler_;
+  // Updates applied (skipped steps do not count), for bias correction.
+  int64_t updates_ = 0;
+  bool skipped_ = false;
+  double used_scale_ = 1.0;
 };
 
 }  // namespace
@@ -252,6 +291,9 @@ absl::Status Trainer::RunSteps() {
     ASSIGN_OR_RETURN(engine, ChunkedEngine::Create(std::move(model), options_, *engine_.memory, device,
                                                    observer_));
   } else {
+    if (options_.precision != TrainOptions::Precision::kFp32) {
+      return absl::InvalidArgumentError("mixed precision needs the memory manager's chunks");
+    }
     engine = std::make_unique<PlainEngine>(std::move(model), options_, device);
   }
   observer_->OnStarted({device->name(), model_config_.ParameterCount(), options_.steps});
@@ -273,7 +315,7 @@ absl::Status Trainer::RunSteps() {
     try {
       torch::Tensor windows = torch::from_blob(window_tokens.data(), {batch, time + 1}, torch::kLong)
                                   .to(device->compute_device(), /*non_blocking=*/false, /*copy=*/true);
-      RETURN_IF_ERROR(engine->Step(windows.slice(1, 0, time), windows.slice(1, 1, time + 1), step + 1, lr,
+      RETURN_IF_ERROR(engine->Step(windows.slice(1, 0, time), windows.slice(1, 1, time + 1), lr,
                                    &loss_value, &grad_norm));
     } catch (const c10::OutOfMemoryError& e) {
       return absl::ResourceExhaustedError(

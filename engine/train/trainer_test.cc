@@ -101,21 +101,65 @@ TEST(TrainerTest, SameSeedSameLossesBitForBit) {
   EXPECT_EQ(a->observer.Losses(), b->observer.Losses());
 }
 
+// The chunked loop runs the fused CPU AdamW kernel and sums the gradient
+// norm chunk by chunk; the plain loop runs torch::optim::AdamW and sums it
+// tensor by tensor. Both agree to float rounding.
 TEST(TrainerTest, ChunkedAndPlainLoopsAgree) {
-  TrainOptions unclipped = Quick(8);
-  unclipped.grad_clip = 0;
-  auto chunked = Train(TinyModel(), unclipped, kAmple, MemoryOptions());
-  auto plain = Train(TinyModel(), unclipped, kAmple, std::nullopt);
+  auto chunked = Train(TinyModel(), Quick(8), kAmple, MemoryOptions());
+  auto plain = Train(TinyModel(), Quick(8), kAmple, std::nullopt);
   ASSERT_TRUE(chunked->status.ok() && plain->status.ok()) << chunked->status << plain->status;
-  EXPECT_EQ(chunked->observer.Losses(), plain->observer.Losses()) << "bit for bit without clipping";
-
-  // Clipping sums the gradient norm chunk by chunk instead of tensor by
-  // tensor: the last bits may differ.
-  auto chunked_clip = Train(TinyModel(), Quick(8), kAmple, MemoryOptions());
-  auto plain_clip = Train(TinyModel(), Quick(8), kAmple, std::nullopt);
+  EXPECT_EQ(chunked->observer.Losses()[0], plain->observer.Losses()[0]);
   for (size_t i = 0; i < 8; ++i) {
-    EXPECT_NEAR(chunked_clip->observer.Losses()[i], plain_clip->observer.Losses()[i], 1e-5) << i;
+    EXPECT_NEAR(chunked->observer.Losses()[i], plain->observer.Losses()[i], 1e-5) << i;
   }
+}
+
+TEST(TrainerTest, ReducedPrecisionTrainsAsWellAsFp32) {
+  auto fp32 = Train(TinyModel(), Quick(120), kAmple, MemoryOptions());
+  ASSERT_TRUE(fp32->status.ok()) << fp32->status;
+  const double target = fp32->observer.reports.back().loss;
+  for (TrainOptions::Precision precision : {TrainOptions::Precision::kFp16, TrainOptions::Precision::kBf16}) {
+    const bool half = precision == TrainOptions::Precision::kFp16;
+    SCOPED_TRACE(half ? "fp16" : "bf16");
+    TrainOptions o = Quick(120);
+    o.precision = precision;
+    auto run = Train(TinyModel(), o, kAmple, MemoryOptions());
+    ASSERT_TRUE(run->status.ok()) << run->status;
+    const StepReport& last = run->observer.reports.back();
+    EXPECT_NEAR(last.loss, target, 0.1 * target) << "fp32 reached " << target;
+    EXPECT_LT(last.loss, 0.5 * std::log(64.0));
+    EXPECT_EQ(last.loss_scale, half ? 65536.0 : 1.0);
+    // Parameters and gradients take 2 bytes; the fp32 master weights sit with
+    // the optimizer states (4 more bytes beside the moments' 8).
+    uint64_t params = 0, states = 0;
+    for (const MemoryUsage& m : last.memory) {
+      if (m.tier == "host" && m.kind == "param") params = m.bytes;
+      if (m.tier == "host" && m.kind == "optimizer") states = m.bytes;
+    }
+    const uint64_t n = static_cast<uint64_t>(TinyModel().ParameterCount());
+    EXPECT_EQ(params, 2 * n);
+    EXPECT_EQ(states, 12 * n);
+  }
+}
+
+TEST(TrainerTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
+  TrainOptions o = Quick(40);
+  o.precision = TrainOptions::Precision::kFp16;
+  o.loss_scale = 4294967296.0;  // 2^32: the first gradients overflow fp16
+  auto run = Train(TinyModel(), o, kAmple, MemoryOptions());
+  ASSERT_TRUE(run->status.ok()) << run->status;
+  const auto& r = run->observer.reports;
+  ASSERT_TRUE(r[0].skipped);
+  EXPECT_EQ(r[0].loss_scale, 4294967296.0);
+  EXPECT_EQ(r[1].loss_scale, 2147483648.0) << "halved after the overflow";
+  int skipped = 0;
+  while (skipped < static_cast<int>(r.size()) && r[static_cast<size_t>(skipped)].skipped) ++skipped;
+  ASSERT_LT(skipped, 30) << "the scale comes down until the gradients fit";
+  EXPECT_EQ(r[static_cast<size_t>(skipped)].skipped_steps, skipped);
+  EXPECT_LE(r.back().skipped_steps, skipped + 3) << "then hardly any more: the scale has settled";
+  // Skipped steps change nothing: the first update happens after them, so the
+  // loss only starts falling then.
+  EXPECT_LT(r.back().loss, r[static_cast<size_t>(skipped)].loss);
 }
 
 TEST(TrainerTest, StopsWhenAskedWithCancelled) {

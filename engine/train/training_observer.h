@@ -47,6 +47,11 @@ struct StepReport {
   std::vector<MemoryUsage> capacity;
   // What the memory manager did in the step (zero for the plain loop).
   StepMemoryStats memory_stats;
+  // fp16: the loss scale the step used; whether its gradients overflowed so
+  // that it updated nothing; steps skipped so far. 1, false, 0 otherwise.
+  double loss_scale = 1.0;
+  bool skipped = false;
+  int64_t skipped_steps = 0;
 };
 
 enum class LogLevel { kInfo, kWarning, kError };
