@@ -32,6 +32,8 @@ std::string ProgressLine(const ferry::v1::Progress& p) {
   std::string line = absl::StrFormat("step %d/%d  loss %.4f  %s tok/s  %.3f s/step", p.step(),
                                      p.total_steps(), p.loss(), FormatCount(p.tokens_per_second()),
                                      p.step_seconds());
+  if (p.loss_scale() > 1) absl::StrAppend(&line, "  scale ", FormatCount(p.loss_scale()));
+  if (p.skipped_steps() > 0) absl::StrAppend(&line, "  skipped ", p.skipped_steps());
   if (p.step() > 0 && p.total_steps() > p.step()) {
     const double per_step = p.elapsed_seconds() / double(p.step());
     absl::StrAppend(&line, "  ETA ", FormatClock(per_step * double(p.total_steps() - p.step())));

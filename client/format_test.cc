@@ -28,6 +28,9 @@ TEST(FormatTest, ProgressLineHasStepLossThroughputAndEta) {
   EXPECT_EQ(ProgressLine(p), "step 50/200  loss 2.3457  12.4k tok/s  0.100 s/step  ETA 0:15");
   p.set_step(200);
   EXPECT_EQ(ProgressLine(p).find("ETA"), std::string::npos) << "no ETA once done";
+  p.set_loss_scale(65536);
+  p.set_skipped_steps(3);
+  EXPECT_NE(ProgressLine(p).find("scale 65.5k  skipped 3"), std::string::npos) << ProgressLine(p);
 }
 
 TEST(FormatTest, TableAlignsColumns) {

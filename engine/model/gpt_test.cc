@@ -88,6 +88,32 @@ TEST(GptTest, LossIsLogVocabAtUniformLogits) {
   EXPECT_NEAR(GptImpl::Loss(logits, targets).item<double>(), std::log(50.0), 1e-5);
 }
 
+TEST(GptTest, ReducedPrecisionComputesCloseToFp32) {
+  for (c10::ScalarType dtype : {torch::kHalf, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    torch::manual_seed(5);
+    Gpt model(SmallConfig());
+    model->eval();
+    torch::Tensor tokens = torch::randint(0, 50, {2, 12}, torch::kLong);
+    torch::Tensor reference = model->forward(tokens).detach();
+    model->to(dtype);
+    // The CPU has no fp16 matrix kernels: products run in fp32, results are
+    // stored reduced.
+    model->SetComputeMode({dtype, /*upcast=*/true});
+    torch::Tensor logits = model->forward(tokens);
+    EXPECT_EQ(logits.scalar_type(), dtype) << "activations stay reduced";
+    EXPECT_LT((logits.to(torch::kFloat) - reference).abs().max().item<float>(), 0.05);
+    torch::Tensor targets = torch::randint(0, 50, {2, 12}, torch::kLong);
+    torch::Tensor loss = GptImpl::Loss(logits, targets);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat) << "the loss is computed in fp32";
+    loss.backward();
+    for (const auto& item : model->named_parameters()) {
+      ASSERT_TRUE(item.value().grad().defined()) << item.key();
+      EXPECT_EQ(item.value().grad().scalar_type(), dtype) << item.key();
+    }
+  }
+}
+
 TEST(GptTest, GradientsReachEveryParameter) {
   GptConfig config = SmallConfig();
   Gpt model(config);

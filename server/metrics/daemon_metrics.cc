@@ -106,6 +106,16 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                   .Help("1 for the memory manager's phase in the latest step: warmup (tracing) or steady.")
                   .Register(*registry_)
                   .Add({{"phase", "steady"}})),
+      loss_scale_(prometheus::BuildGauge()
+                      .Name("ferry_loss_scale")
+                      .Help("The loss scale of the latest step (1 unless training in fp16).")
+                      .Register(*registry_)
+                      .Add({})),
+      skipped_steps_(prometheus::BuildCounter()
+                         .Name("ferry_skipped_steps_total")
+                         .Help("Steps skipped because their fp16 gradients overflowed.")
+                         .Register(*registry_)
+                         .Add({})),
       build_info_(prometheus::BuildGauge()
                       .Name("ferry_build_info")
                       .Help("Always 1; labels give the daemon and LibTorch versions.")
@@ -157,6 +167,8 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
   steps_.Increment();
   tokens_.Increment(static_cast<double>(new_tokens));
   loss_.Set(progress.loss());
+  loss_scale_.Set(progress.loss_scale() > 0 ? progress.loss_scale() : 1.0);
+  if (progress.skipped()) skipped_steps_.Increment();
   learning_rate_.Set(progress.lr());
   tokens_per_second_.Set(progress.tokens_per_second());
   for (const ferry::v1::MemoryUsage& m : progress.memory()) {

@@ -55,6 +55,8 @@ class DaemonMetrics : public JobListener {
   prometheus::Gauge& prediction_error_;
   prometheus::Gauge& warmup_;
   prometheus::Gauge& steady_;
+  prometheus::Gauge& loss_scale_;
+  prometheus::Counter& skipped_steps_;
   prometheus::Family<prometheus::Gauge>& build_info_;
   prometheus::Gauge* build_info_series_ = nullptr;
 };

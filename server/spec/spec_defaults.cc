@@ -51,6 +51,8 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   if (!train->has_beta1()) train->set_beta1(0.9);
   if (!train->has_beta2()) train->set_beta2(0.95);
   if (!train->has_eps()) train->set_eps(1e-8);
+  if (!train->has_loss_scale()) train->set_loss_scale(65536.0);
+  if (train->loss_scale_growth_interval() == 0) train->set_loss_scale_growth_interval(1000);
 
   ferry::v1::MemorySpec* memory = out.mutable_memory();
   if (memory->policy() == ferry::v1::MEMORY_POLICY_UNSPECIFIED) {
@@ -103,6 +105,18 @@ TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
   o.grad_clip = train.grad_clip();
   o.seed = train.seed();
   o.threads = static_cast<int>(train.threads());
+  switch (train.precision()) {
+    case ferry::v1::PRECISION_FP16:
+      o.precision = TrainOptions::Precision::kFp16;
+      break;
+    case ferry::v1::PRECISION_BF16:
+      o.precision = TrainOptions::Precision::kBf16;
+      break;
+    default:
+      o.precision = TrainOptions::Precision::kFp32;
+  }
+  o.loss_scale = train.loss_scale();
+  o.loss_scale_growth_interval = train.loss_scale_growth_interval();
   return o;
 }
 

@@ -176,10 +176,8 @@ void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
     p.Invalid(absl::StrCat("train.eps: ", t.eps(), " must be in (0, 1), typically 1e-8"));
   }
   p.Range<uint32_t>("train.threads", t.threads(), 0, 1024, "(0 means one per core)");
-  if (t.precision() == ferry::v1::PRECISION_FP16 || t.precision() == ferry::v1::PRECISION_BF16) {
-    p.Unimplemented(absl::StrCat("train.precision: ",
-                                 t.precision() == ferry::v1::PRECISION_FP16 ? "fp16" : "bf16",
-                                 " is not supported by this release; use fp32"));
+  if (!(t.loss_scale() >= 1 && t.loss_scale() <= 4294967296.0)) {
+    p.Invalid(absl::StrCat("train.loss_scale: ", t.loss_scale(), " is out of range; use 1 to 2^32 (4294967296)"));
   }
 }
 
@@ -207,7 +205,8 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
                                 " is more than this machine's memory (",
                                 FormatSize(machine.host_memory_bytes), "); lower it"));
   }
-  // Model data (16 bytes a parameter) lives on the host, the device, or both.
+  // Model data (16 bytes a parameter in fp32 and in mixed precision) lives
+  // on the host, the device, or both.
   const uint64_t needed = TrainingStateBytes(spec.model());
   const uint64_t host = m.host_budget() > 0 ? std::min(m.host_budget(), machine.host_memory_bytes)
                                             : machine.host_memory_bytes;

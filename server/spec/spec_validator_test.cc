@@ -136,10 +136,19 @@ TEST(SpecValidatorTest, ModelsTooLargeForTheMachineAreRefused) {
 }
 
 TEST(SpecValidatorTest, UnsupportedFeaturesAreUnimplemented) {
-  ExpectProblem("data: {synthetic: {}}\ntrain: {precision: bf16}",
-                absl::StatusCode::kUnimplemented, "train.precision: bf16");
   ExpectProblem("data: {synthetic: {}}\nparallel: {tensor: 2}", absl::StatusCode::kUnimplemented,
                 "parallel:");
+}
+
+TEST(SpecValidatorTest, MixedPrecisionAndItsLossScale) {
+  for (const char* precision : {"fp16", "bf16"}) {
+    JobSpec spec = Resolved(std::string("data: {synthetic: {}}\ntrain: {precision: ") + precision + "}");
+    EXPECT_TRUE(ValidateSpec(spec, Machine()).ok()) << precision;
+    EXPECT_EQ(spec.train().loss_scale(), 65536.0);
+    EXPECT_EQ(spec.train().loss_scale_growth_interval(), 1000u);
+  }
+  ExpectProblem("data: {synthetic: {}}\ntrain: {precision: fp16, loss_scale: 0.5}",
+                absl::StatusCode::kInvalidArgument, "train.loss_scale: 0.5 is out of range");
 }
 
 }  // namespace

@@ -106,6 +106,9 @@ class Reporter : public TrainingObserver {
     p->set_host_chunks(static_cast<uint32_t>(ms.host_chunks));
     p->set_device_model_bytes(ms.device_bytes[0] + ms.device_bytes[1] + ms.device_bytes[2]);
     p->set_host_model_bytes(ms.host_bytes[0] + ms.host_bytes[1] + ms.host_bytes[2]);
+    p->set_loss_scale(r.loss_scale);
+    p->set_skipped(r.skipped);
+    p->set_skipped_steps(static_cast<uint64_t>(r.skipped_steps));
     last_step_ = static_cast<uint64_t>(r.step);
     final_step_ = r.step == r.total_steps;
     Send(report);

@@ -89,6 +89,15 @@ grep -q "chunk map" "$WORK/memory.txt" || fail "ferry memory shows no chunk map"
 grep -q "backward h.1" "$WORK/memory.txt" || fail "ferry memory shows no warm-up trace"
 [ "$("$FERRY" memory "$ID" -o json | json "len(d['chunks']) > 0 and d['phase']")" = "steady" ] || fail "ferry memory -o json"
 
+# Mixed precision through the daemon: fp16 with dynamic loss scaling.
+HALF="$("$FERRY" submit "$EXAMPLE" --set=train.steps=30,train.precision=fp16 -o json | json "d['id']")"
+"$FERRY" watch "$HALF" >"$WORK/half.txt" 2>&1 || fail "the fp16 job failed: $(tail -3 "$WORK/half.txt")"
+grep -q "scale" "$WORK/half.txt" || fail "the fp16 progress line shows no loss scale"
+"$FERRY" get "$HALF" -o json >"$WORK/half.json"
+[ "$(json "d['spec']['train']['precision']" <"$WORK/half.json")" = "PRECISION_FP16" ] || fail "not fp16"
+"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['progress']; assert p['loss_scale'] >= 1 and p['loss'] < d['initial_loss'], p" "$WORK/half.json" \
+  || fail "the fp16 job did not learn"
+
 # A device budget too small for one step fails the job with the numbers and
 # what to change; the daemon serves on.
 SMALL="$("$FERRY" submit "$EXAMPLE" --set=train.steps=20,memory.device_budget=2MiB -o json | json "d['id']")"
@@ -130,7 +139,7 @@ pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind
 
 # /metrics has the documented series, with values from the job.
 curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape /metrics"
-for series in 'ferry_jobs{state="succeeded"} 1' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 2' \
+for series in 'ferry_jobs{state="succeeded"} 2' 'ferry_loss_scale ' 'ferry_skipped_steps_total ' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 2' \
               'ferry_memory_transferred_bytes_total{direction="host_to_device"}' 'ferry_memory_phase{phase="steady"}' \
               'ferry_memory_capacity_bytes{tier="device"}' 'ferry_memory_evictions_total' \
               'ferry_step_duration_seconds_bucket{' 'ferry_step_duration_seconds_count' \
