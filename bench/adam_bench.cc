@@ -95,21 +95,24 @@ int main(int argc, char** argv) {
     Row row{threads, 0, 0, 0, 0};
     std::fprintf(stderr, "%d thread(s):\n", threads);
 
-    // Streaming bandwidth: a += 0.5 b in place over arrays as large as the
-    // optimizer's, by LibTorch's kernel and by a plain OpenMP SIMD loop, the
-    // faster counting. Like the update it reads what it writes, so every byte
-    // counted is a byte moved (no write-allocate reads).
+    // Streaming bandwidth with the update's own traffic and no arithmetic:
+    // read four arrays, write three of them back in place (28 bytes a
+    // parameter), as a plain OpenMP SIMD loop.
     {
-      torch::Tensor a = torch::zeros({n}), b = torch::ones({n});
+      torch::Tensor a = torch::zeros({n}), b = torch::zeros({n}), c = torch::zeros({n}), d = torch::ones({n});
       float* pa = a.data_ptr<float>();
-      const float* pb = b.data_ptr<float>();
-      const double torch_seconds = Time(runs, [&] { a.add_(b, 0.5); });
-      const double loop_seconds = Time(runs, [&] {
+      float* pb = b.data_ptr<float>();
+      float* pc = c.data_ptr<float>();
+      const float* pd = d.data_ptr<float>();
+      const double seconds = Time(runs, [&] {
 #pragma omp parallel for simd num_threads(threads) schedule(static)
-        for (int64_t i = 0; i < n; ++i) pa[i] += 0.5f * pb[i];
+        for (int64_t i = 0; i < n; ++i) {
+          pa[i] += pd[i];
+          pb[i] += pd[i];
+          pc[i] += pd[i];
+        }
       });
-      const double seconds = std::min(torch_seconds, loop_seconds);
-      row.bandwidth_bytes_per_second = 3.0 * 4.0 * double(n) / seconds;
+      row.bandwidth_bytes_per_second = kBytesPerParam * double(n) / seconds;
       std::fprintf(stderr, "  stream: %.1f GB/s\n", row.bandwidth_bytes_per_second / 1e9);
     }
     {
