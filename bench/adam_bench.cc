@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "bench/bench_output.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -197,17 +198,5 @@ int main(int argc, char** argv) {
       ",\n  \"speedup_vs_torch_list\": ", absl::StrFormat("%.3f", best.ferry / best.torch_list),
       ",\n  \"fraction_of_bound\": ", absl::StrFormat("%.3f", best.ferry / bound),
       ",\n  \"thread_scaling\": [\n", absl::StrJoin(json_rows, ",\n"), "\n  ]\n}\n");
-  std::string out = absl::GetFlag(FLAGS_out);
-  if (out.empty()) {
-    const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-    out = std::string(root ? root : ".") + "/bench/results/adam.json";
-  }
-  std::ofstream file(out);
-  file << json;
-  if (!file) {
-    std::fprintf(stderr, "adam: cannot write %s\n", out.c_str());
-    return 1;
-  }
-  std::printf("wrote %s\n", out.c_str());
-  return 0;
+  return ferry::WriteBenchResult("adam", absl::GetFlag(FLAGS_out), json);
 }

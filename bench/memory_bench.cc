@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "bench/bench_output.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -345,17 +346,5 @@ int main(int argc, char** argv) {
       "\n  ],\n  \"overhead\": {\"plain_seconds\": ", absl::StrFormat("%.6f", plain_seconds),
       ", \"auto_seconds\": ", absl::StrFormat("%.6f", auto_seconds), ", \"ratio\": ",
       absl::StrFormat("%.4f", plain_seconds > 0 ? auto_seconds / plain_seconds : 0.0), "}\n}\n");
-  std::string out = absl::GetFlag(FLAGS_out);
-  if (out.empty()) {
-    const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-    out = std::string(root ? root : ".") + "/bench/results/memory.json";
-  }
-  std::ofstream file(out);
-  file << json;
-  if (!file) {
-    std::fprintf(stderr, "memory_bench: cannot write %s\n", out.c_str());
-    return 1;
-  }
-  std::printf("wrote %s\n", out.c_str());
-  return 0;
+  return ferry::WriteBenchResult("memory", absl::GetFlag(FLAGS_out), json);
 }

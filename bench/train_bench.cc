@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "bench/bench_output.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -126,17 +127,5 @@ int main(int argc, char** argv) {
       ",\n  \"results\": [\n", absl::StrJoin(rows, ",\n"),
       "\n  ],\n  \"two_thread_speedup\": {", absl::StrJoin(scaling, ", "), "}\n}\n");
 
-  std::string out = absl::GetFlag(FLAGS_out);
-  if (out.empty()) {
-    const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-    out = std::string(root ? root : ".") + "/bench/results/train_bench.json";
-  }
-  std::ofstream file(out);
-  file << json;
-  if (!file) {
-    std::fprintf(stderr, "train_bench: cannot write %s\n", out.c_str());
-    return 1;
-  }
-  std::printf("wrote %s\n", out.c_str());
-  return 0;
+  return ferry::WriteBenchResult("train_bench", absl::GetFlag(FLAGS_out), json);
 }

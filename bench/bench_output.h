@@ -1,0 +1,31 @@
+#pragma once
+
+// Where a benchmark's JSON goes: --out if given, else
+// bench/results/NAME.json under the workspace (`bazel run` sets
+// BUILD_WORKSPACE_DIRECTORY), else under the current directory.
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace ferry {
+
+// Writes `json` and says where; returns the process exit code.
+inline int WriteBenchResult(const std::string& name, const std::string& out_flag, const std::string& json) {
+  std::string out = out_flag;
+  if (out.empty()) {
+    const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    out = std::string(root ? root : ".") + "/bench/results/" + name + ".json";
+  }
+  std::ofstream file(out);
+  file << json;
+  if (!file) {
+    std::fprintf(stderr, "%s: cannot write %s\n", name.c_str(), out.c_str());
+    return 1;
+  }
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace ferry
