@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -20,20 +22,27 @@ thread_local bool t_host_scope = false;
 
 constexpr size_t kAlignment = 64;
 
+// Kept in the kAlignment bytes in front of each allocation, so that the
+// data pointer is also the deleter's context, as LibTorch's raw_allocate
+// requires (some CPU kernels, e.g. bf16 matrix products, allocate that way).
 struct Allocation {
-  void* ptr;
   size_t bytes;
   bool device;
   std::shared_ptr<SimulatedMemoryCounters> counters;  // null: not counted
 };
+static_assert(sizeof(Allocation) <= kAlignment, "the header must fit in front of the data");
 
-void FreeAllocation(void* context) {
-  auto* a = static_cast<Allocation*>(context);
-  std::free(a->ptr);
+Allocation* HeaderOf(void* data) {
+  return reinterpret_cast<Allocation*>(static_cast<char*>(data) - kAlignment);
+}
+
+void FreeAllocation(void* data) {
+  Allocation* a = HeaderOf(data);
   if (a->counters) {
     (a->device ? a->counters->device_bytes : a->counters->host_bytes).fetch_sub(a->bytes);
   }
-  delete a;
+  a->~Allocation();
+  std::free(a);
 }
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0)); }
@@ -64,15 +73,18 @@ class CountingCpuAllocator final : public c10::Allocator {
     } else if (counters != nullptr) {
       counters->host_bytes.fetch_add(bytes);
     }
-    void* ptr = nullptr;
-    if (posix_memalign(&ptr, kAlignment, bytes == 0 ? kAlignment : bytes) != 0) {
+    void* base = nullptr;
+    if (posix_memalign(&base, kAlignment, kAlignment + bytes) != 0) {
       if (device) counters->device_bytes.fetch_sub(bytes);
       else if (counters) counters->host_bytes.fetch_sub(bytes);
       C10_THROW_ERROR(OutOfMemoryError, absl::StrCat("host out of memory allocating ", Mib(bytes)));
     }
-    auto* context = new Allocation{ptr, bytes, device, counters};
-    return c10::DataPtr(ptr, context, &FreeAllocation, c10::Device(c10::kCPU));
+    new (base) Allocation{bytes, device, std::move(counters)};
+    void* data = static_cast<char*>(base) + kAlignment;
+    return c10::DataPtr(data, data, &FreeAllocation, c10::Device(c10::kCPU));
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &FreeAllocation; }
 
   void Attach(std::shared_ptr<SimulatedMemoryCounters> counters) {
     std::lock_guard<std::mutex> lock(mu_);

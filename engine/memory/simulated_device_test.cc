@@ -1,6 +1,7 @@
 #include "engine/memory/simulated_device.h"
 
 #include <gtest/gtest.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 namespace ferry {
@@ -21,6 +22,24 @@ TEST(SimulatedDeviceTest, CountsEveryTensorAllocationAgainstTheCapacity) {
   EXPECT_GE(device.peak_allocated_bytes() - before, 2 * kMiB);
   device.ResetPeak();
   EXPECT_EQ(device.peak_allocated_bytes(), device.allocated_bytes());
+}
+
+// Kernels that allocate scratch space through raw_allocate (bf16 matrix
+// products on some CPUs) are counted too, and give it back.
+TEST(SimulatedDeviceTest, RawAllocationsAreCountedAndFreed) {
+  SimulatedDevice device(8 * kMiB);
+  const uint64_t before = device.allocated_bytes();
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* p = allocator->raw_allocate(kMiB);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  static_cast<char*>(p)[kMiB - 1] = 1;
+  EXPECT_EQ(device.allocated_bytes() - before, kMiB);
+  allocator->raw_deallocate(p);
+  EXPECT_EQ(device.allocated_bytes(), before);
+  // And a bf16 matrix product, which may take that path, runs.
+  torch::Tensor a = torch::ones({64, 64}, torch::kBFloat16);
+  EXPECT_EQ(torch::mm(a, a).index({0, 0}).item<float>(), 64.0f);
 }
 
 TEST(SimulatedDeviceTest, GoingOverCapacityThrowsOutOfMemory) {
