@@ -43,8 +43,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch:
     : heads_(config.heads), mode_(std::move(mode)), causal_mask_(std::move(causal_mask)) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.hidden, 3 * config.hidden));
   c_proj = register_module("c_proj", torch::nn::Linear(config.hidden, config.hidden));
-  attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
-  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
+  attn_dropout_ = register_module("attn_dropout", Dropout(config.dropout));
+  resid_dropout_ = register_module("resid_dropout", Dropout(config.dropout));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -62,9 +62,18 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor k = to_heads(qkv[1]);
   torch::Tensor v = to_heads(qkv[2]);
 
-  torch::Tensor scores = MatMul(q, k.transpose(-2, -1), m) * (1.0 / std::sqrt(double(head_dim)));
+  // The scores are the step's largest activations (batch x heads x time x
+  // time): one batched product makes them with the scale and the causal
+  // mask (an additive 0 / -inf bias) folded in, rather than three passes.
+  const c10::ScalarType compute = Reduced(m) && m.upcast ? at::kFloat : q.scalar_type();
   torch::Tensor allowed = causal_mask_.slice(0, 0, time).slice(1, 0, time);
-  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  torch::Tensor bias = at::zeros({time, time}, q.options().dtype(compute))
+                           .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  torch::Tensor scores =
+      at::baddbmm(bias, q.reshape({batch * heads_, time, head_dim}).to(compute),
+                  k.reshape({batch * heads_, time, head_dim}).to(compute).transpose(1, 2), /*beta=*/1.0,
+                  /*alpha=*/1.0 / std::sqrt(double(head_dim)))
+          .view({batch, heads_, time, time});
   // Softmax always in fp32.
   torch::Tensor probabilities = Reduced(m) ? scores.to(at::kFloat).softmax(-1).to(m.dtype) : scores.softmax(-1);
   torch::Tensor weights = attn_dropout_->forward(probabilities);
@@ -75,7 +84,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 MlpImpl::MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode) : mode_(std::move(mode)) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.hidden, 4 * config.hidden));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.hidden, config.hidden));
-  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  dropout_ = register_module("dropout", Dropout(config.dropout));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -104,7 +113,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 GptImpl::GptImpl(const GptConfig& config) : config_(config), mode_(std::make_shared<ComputeMode>()) {
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.hidden));
   wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
-  drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
+  drop_ = register_module("drop", Dropout(config.dropout));
   // A buffer, not a parameter: it moves with the model and is not trained.
   // Blocks hold the same tensor, so moving it moves theirs.
   causal_mask_ = register_buffer(

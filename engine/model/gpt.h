@@ -9,13 +9,13 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 #include <memory>
 
+#include "engine/model/dropout.h"
 #include "engine/model/gpt_config.h"
 
 namespace ferry {
@@ -46,8 +46,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_;
   std::shared_ptr<const ComputeMode> mode_;
-  torch::nn::Dropout attn_dropout_{nullptr};
-  torch::nn::Dropout resid_dropout_{nullptr};
+  Dropout attn_dropout_{nullptr};
+  Dropout resid_dropout_{nullptr};
   torch::Tensor causal_mask_;
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -62,7 +62,7 @@ class MlpImpl : public torch::nn::Module {
 
  private:
   std::shared_ptr<const ComputeMode> mode_;
-  torch::nn::Dropout dropout_{nullptr};
+  Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -117,7 +117,7 @@ class GptImpl : public torch::nn::Module {
  private:
   GptConfig config_;
   std::shared_ptr<ComputeMode> mode_;
-  torch::nn::Dropout drop_{nullptr};
+  Dropout drop_{nullptr};
   // The one causal mask every block uses (a buffer: it moves with the model).
   torch::Tensor causal_mask_;
 };

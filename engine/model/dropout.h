@@ -1,0 +1,37 @@
+#pragma once
+
+// Inverted dropout: each element is zeroed with probability p and the rest
+// are scaled by 1 / (1 - p).
+//
+// On the CPU the keep mask is a counter-based hash of one 64-bit seed drawn
+// from LibTorch's default CPU generator, filled in parallel and kept as one
+// byte an element for the backward. LibTorch's own CPU dropout draws a
+// Bernoulli variate element by element on one thread and keeps a mask as
+// wide as the activations; in a GPT block it cost as much as the rest of the
+// forward. On other devices LibTorch's own (fused) dropout runs.
+//
+// Either way the masks depend only on the default generators' state, so
+// restoring that state replays them: activation recomputation relies on it.
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace ferry {
+
+// `x` when not training or p == 0; differentiable.
+at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training);
+
+// ApplyDropout as a module: on while the module is in training mode.
+class DropoutImpl : public torch::nn::Module {
+ public:
+  // p in [0, 1).
+  explicit DropoutImpl(double p);
+  at::Tensor forward(const at::Tensor& x) { return ApplyDropout(x, p_, is_training()); }
+
+ private:
+  double p_;
+};
+TORCH_MODULE(Dropout);
+
+}  // namespace ferry
