@@ -9,6 +9,7 @@
 #include "server/common/enum_names.h"
 #include "server/common/proto_time.h"
 #include "server/spec/size.h"
+#include "server/spec/yaml_to_proto.h"
 
 namespace ferry {
 
@@ -50,6 +51,22 @@ std::string Age(const google::protobuf::Timestamp& t, absl::Time now) {
   if (seconds < 3600) return absl::StrFormat("%dm", static_cast<int>(seconds / 60));
   if (seconds < 86400) return absl::StrFormat("%dh", static_cast<int>(seconds / 3600));
   return absl::StrFormat("%dd", static_cast<int>(seconds / 86400));
+}
+
+// "0-3, 7, 9-10".
+std::string BlockList(const google::protobuf::RepeatedField<uint32_t>& blocks) {
+  std::vector<std::string> parts;
+  for (int i = 0; i < blocks.size();) {
+    int j = i;
+    while (j + 1 < blocks.size() && blocks[j + 1] == blocks[j] + 1) ++j;
+    parts.push_back(j > i ? absl::StrCat(blocks[i], "-", blocks[j]) : absl::StrCat(blocks[i]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string ShortEnum(ferry::v1::RecomputeMode mode) {
+  return ShortEnumName(ferry::v1::RecomputeMode_descriptor()->FindValueByNumber(mode));
 }
 
 std::string TimeText(const google::protobuf::Timestamp& t) {
@@ -116,6 +133,10 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
                       ? absl::StrFormat("%.4f at step 1, %.4f at step %d", job.initial_loss(),
                                         p.loss(), p.step())
                       : absl::StrFormat("%.4f", p.loss()));
+    if (p.recomputed_blocks_size() > 0) {
+      field("recompute", absl::StrCat(BlockList(p.recomputed_blocks()), " of ", m.layers(), " blocks (",
+                                      ShortEnum(spec.memory().recompute()), ")"));
+    }
     std::vector<std::string> memory;
     for (const ferry::v1::MemoryUsage& u : p.memory()) {
       if (u.bytes() > 0) memory.push_back(absl::StrCat(u.tier(), " ", u.kind(), " ", FormatSize(u.bytes())));
@@ -176,6 +197,9 @@ std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& m) {
                         host_total > 0 ? " of " + FormatSize(host_total) + " (memory.host_budget)" : " (no budget)",
                         kinds[1]);
   const int chunk_count = m.chunks_size() / 3;
+  if (m.recomputed_blocks_size() > 0) {
+    absl::StrAppend(&out, "recomputing blocks ", BlockList(m.recomputed_blocks()), "\n");
+  }
   absl::StrAppendFormat(&out, "%d chunks of %s (%.1f%% unused); planned traffic %s per steady step\n",
                         chunk_count, FormatSize(m.chunk_size_bytes()), 100.0 * m.chunk_waste_fraction(),
                         FormatSize(m.planned_traffic_bytes()));

@@ -1,12 +1,15 @@
 #include "engine/memory/chunk_manager.h"
 
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 
@@ -46,6 +49,83 @@ struct StageHook : public torch::autograd::Function<StageHook> {
       manager->PreBackward(stage);
     }
     return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The random number generators a stage's forward may draw from (dropout):
+// the CPU's, and the device's when it is a GPU.
+struct RngState {
+  at::Tensor cpu;
+  at::Tensor device;
+};
+
+RngState SaveRng(const c10::Device& device) {
+  RngState s;
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    s.cpu = cpu.get_state();
+  }
+  if (!device.is_cpu()) {
+    at::Generator g = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    s.device = g.get_state();
+  }
+  return s;
+}
+
+void RestoreRng(const c10::Device& device, const RngState& s) {
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(s.cpu);
+  }
+  if (!device.is_cpu() && s.device.defined()) {
+    at::Generator g = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(s.device);
+  }
+}
+
+// Activation checkpointing of one stage: the forward runs without keeping
+// its intermediates (autograd is off inside a custom function's forward) and
+// saves only the input and the generators' state; the backward restores that
+// state, re-runs the forward with gradients through the manager, and
+// back-propagates through it, accumulating the weights' gradients as the
+// first run would have.
+struct CheckpointStage : public torch::autograd::Function<CheckpointStage> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t manager, int64_t stage, c10::Device device,
+                            const std::function<at::Tensor(const at::Tensor&)>* fn) {
+    ctx->saved_data["manager"] = manager;
+    ctx->saved_data["stage"] = stage;
+    const RngState rng = SaveRng(device);
+    ctx->saved_data["rng_cpu"] = rng.cpu;
+    ctx->saved_data["rng_device"] = rng.device.defined() ? rng.device : at::Tensor();
+    ctx->saved_data["device"] = device.str();
+    ctx->save_for_backward({x});
+    return (*fn)(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* manager = reinterpret_cast<ChunkManager*>(ctx->saved_data["manager"].toInt());
+    const int stage = static_cast<int>(ctx->saved_data["stage"].toInt());
+    const c10::Device device(ctx->saved_data["device"].toStringRef());
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    // Replay the generators as the first run saw them, then put back where
+    // they are now, so the rest of training draws the same numbers either way.
+    const RngState now = SaveRng(device);
+    RestoreRng(device, {ctx->saved_data["rng_cpu"].toTensor(), ctx->saved_data["rng_device"].toTensor()});
+    at::Tensor input = x.detach().requires_grad_(x.requires_grad());
+    at::Tensor output;
+    {
+      at::AutoGradMode grad(true);
+      output = manager->Recompute(stage, input);
+    }
+    RestoreRng(device, now);
+    torch::autograd::backward({output}, {grads[0]});
+    return {input.requires_grad() ? input.grad() : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -234,6 +314,11 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   m->plan_.classes.assign(m->chunks_.size(), ChunkClass::kStreamed);
   m->ApplyPlan();
   m->plan_applied_ = false;
+  m->recompute_ = m->InitialRecompute();
+  m->traced_recompute_ = m->recompute_;
+  m->stage_fns_.resize(m->stages_.size());
+  m->kept_activation_bytes_.assign(m->stages_.size(), 0);
+  m->input_bytes_.assign(m->stages_.size(), 0);
   m->backward_started_.assign(m->stages_.size(), false);
   m->backward_done_.assign(m->stages_.size(), false);
   return m;
@@ -251,7 +336,10 @@ std::string ChunkManager::PeriodName(int period) const {
   if (period < 0) return "set-up";
   if (period == OptimizerPeriod()) return "optimizer";
   if (period < stage_count()) return "forward " + stages_[static_cast<size_t>(period)].name;
-  return "backward " + stages_[static_cast<size_t>(2 * stage_count() - 1 - period)].name;
+  const size_t stage = static_cast<size_t>(2 * stage_count() - 1 - period);
+  // A recomputing stage's backward period includes re-running its forward.
+  return (recompute_.size() > stage && recompute_[stage] ? "recompute+backward " : "backward ") +
+         stages_[stage].name;
 }
 
 // --- Moving payloads. ---
@@ -481,7 +569,14 @@ at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
   BeginPeriod(period, Needed(period));
   const int64_t self = reinterpret_cast<int64_t>(this);
   at::Tensor x = input.requires_grad() ? StageHook::apply(input, self, stage, /*post=*/true) : input;
-  at::Tensor y = fn(x);
+  at::Tensor y;
+  if (recompute_[static_cast<size_t>(stage)]) {
+    stage_fns_[static_cast<size_t>(stage)] = fn;
+    input_bytes_[static_cast<size_t>(stage)] = static_cast<uint64_t>(x.numel()) * x.element_size();
+    y = CheckpointStage::apply(x, self, stage, device_->compute_device(), &stage_fns_[static_cast<size_t>(stage)]);
+  } else {
+    y = fn(x);
+  }
   if (y.requires_grad()) y = StageHook::apply(y, self, stage, /*post=*/false);
   EndPeriod(period);
   SetStates(stage, TensorState::kHold);
@@ -538,6 +633,60 @@ void ChunkManager::Reduce(Chunk& chunk) {
   Release(g);
 }
 
+at::Tensor ChunkManager::Recompute(int stage, const at::Tensor& input) {
+  const uint64_t before = device_->allocated_bytes();
+  at::Tensor output = stage_fns_[static_cast<size_t>(stage)](input);
+  // What the stage keeps for its backward, beside its input: what
+  // recomputing it saves between its forward and its backward.
+  const uint64_t after = device_->allocated_bytes();
+  const uint64_t kept = after > before ? after - before : 0;
+  uint64_t& recorded = kept_activation_bytes_[static_cast<size_t>(stage)];
+  recorded = std::max(recorded, kept);
+  return output;
+}
+
+std::vector<int> ChunkManager::RecomputedStages() const {
+  std::vector<int> stages;
+  for (size_t s = 0; s < recompute_.size(); ++s) {
+    if (recompute_[s]) stages.push_back(static_cast<int>(s));
+  }
+  return stages;
+}
+
+std::vector<bool> ChunkManager::InitialRecompute() const {
+  std::vector<bool> r(stages_.size(), false);
+  int block = 0;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    if (!stages_[s].recomputable) continue;
+    switch (options_.recompute) {
+      case MemoryOptions::Recompute::kNone:
+        break;
+      case MemoryOptions::Recompute::kAll:
+      case MemoryOptions::Recompute::kAuto:  // the warm-up measures every block
+        r[s] = true;
+        break;
+      case MemoryOptions::Recompute::kEvery:
+        r[s] = block % std::max(1, options_.recompute_every) == 0;
+        break;
+    }
+    ++block;
+  }
+  return r;
+}
+
+std::vector<uint64_t> ChunkManager::TraceWith(const std::vector<bool>& recompute) const {
+  std::vector<uint64_t> trace = non_model_;
+  for (int s = 0; s < stage_count(); ++s) {
+    const size_t i = static_cast<size_t>(s);
+    if (!traced_recompute_[i] || recompute[i]) continue;
+    // Kept instead of recomputed: its activations (beyond the input a
+    // recomputing stage keeps anyway) stay from its forward to its backward.
+    const uint64_t extra = kept_activation_bytes_[i] > input_bytes_[i] ? kept_activation_bytes_[i] - input_bytes_[i] : 0;
+    for (int p = ForwardPeriod(s); p < BackwardPeriod(s); ++p) trace[static_cast<size_t>(p)] += extra;
+  }
+  return trace;
+}
+
 absl::Status ChunkManager::FinishBackward() {
   for (int s = stage_count() - 1; s >= 0; --s) {
     if (!backward_started_[static_cast<size_t>(s)]) PreBackward(s);
@@ -566,8 +715,38 @@ PlanInput ChunkManager::MakePlanInput() const {
 }
 
 absl::Status ChunkManager::PlanAfterWarmup() {
-  const PlanInput in = MakePlanInput();
-  predicted_ = non_model_;
+  PlanInput in = MakePlanInput();
+  if (options_.recompute == MemoryOptions::Recompute::kAuto) {
+    // Keep (stop recomputing) the blocks that save least first, the later on
+    // ties (their activations live for fewer periods), while the step still
+    // fits: the fewest recomputed blocks.
+    std::vector<int> candidates;
+    for (int s = 0; s < stage_count(); ++s) {
+      if (recompute_[static_cast<size_t>(s)]) candidates.push_back(s);
+    }
+    auto saving = [&](int s) {
+      const size_t i = static_cast<size_t>(s);
+      return kept_activation_bytes_[i] > input_bytes_[i] ? kept_activation_bytes_[i] - input_bytes_[i] : 0;
+    };
+    std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+      return saving(a) != saving(b) ? saving(a) < saving(b) : a > b;
+    });
+    std::vector<bool> chosen = recompute_;
+    for (int s : candidates) {
+      std::vector<bool> trial = chosen;
+      trial[static_cast<size_t>(s)] = false;
+      PlanInput at = in;
+      at.non_model_bytes = TraceWith(trial);
+      const Plan plan = options_.policy == MemoryOptions::Policy::kAuto
+                            ? PlanAuto(at)
+                            : PlanStatic(at, options_.static_param_host_fraction,
+                                         options_.static_optimizer_host_fraction);
+      if (plan.feasible) chosen = trial;
+    }
+    recompute_ = chosen;
+    in.non_model_bytes = TraceWith(recompute_);
+  }
+  predicted_ = in.non_model_bytes;
   if (options_.policy == MemoryOptions::Policy::kStatic) {
     // Static keeps to its split even where the trace says it will not fit:
     // it then fails with the device's own out-of-memory error.
@@ -578,9 +757,9 @@ absl::Status ChunkManager::PlanAfterWarmup() {
   if (plan_.feasible) return absl::OkStatus();
   const int p = plan_.binding_period;
   const uint64_t need = plan_.need_bytes[static_cast<size_t>(p)];
-  const uint64_t activations = non_model_[static_cast<size_t>(p)];
+  const uint64_t activations = in.non_model_bytes[static_cast<size_t>(p)];
   const size_t largest = static_cast<size_t>(
-      std::max_element(non_model_.begin(), non_model_.end()) - non_model_.begin());
+      std::max_element(in.non_model_bytes.begin(), in.non_model_bytes.end()) - in.non_model_bytes.begin());
   return absl::ResourceExhaustedError(absl::StrCat(
       "memory: the step does not fit the device even with every chunk streamed: period '",
       PeriodName(p), "' needs ", Mib(need), " (", Mib(activations),
@@ -588,9 +767,12 @@ absl::Status ChunkManager::PlanAfterWarmup() {
       " of its chunks' parameters and gradients) but the device has ", Mib(in.limit_bytes), " (",
       Mib(device_->capacity_bytes()), " less a ", options_.margin * 100,
       "% margin); the largest non-model period is '", PeriodName(static_cast<int>(largest)),
-      "' with ", Mib(non_model_[largest]),
-      ". Use a smaller train.batch_size or model.seq_len, recompute activations, or raise "
-      "memory.device_budget"));
+      "' with ", Mib(in.non_model_bytes[largest]), ". Use a smaller train.batch_size or model.seq_len, ",
+      options_.recompute == MemoryOptions::Recompute::kAll ||
+              options_.recompute == MemoryOptions::Recompute::kAuto
+          ? ""
+          : "recompute activations (memory.recompute: auto), ",
+      "or raise memory.device_budget"));
 }
 
 void ChunkManager::ApplyPlan() {
@@ -649,10 +831,14 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
     warmup_ = true;
     traced_shape_ = batch_shape;
     non_model_.assign(static_cast<size_t>(cycle()), 0);
+    recompute_ = InitialRecompute();
+    traced_recompute_ = recompute_;
+    kept_activation_bytes_.assign(stages_.size(), 0);
   } else if (!plan_applied_) {
     ApplyPlan();
   }
   stats_.warmup = warmup_;
+  stats_.recomputed_stages = RecomputedStages();
   for (Chunk& chunk : chunks_) {
     chunk.grad_started = false;
     chunk.grad_reduced = false;
@@ -779,6 +965,7 @@ StepMemoryStats ChunkManager::EndStep() {
     on_device ? ++stats_.device_chunks : ++stats_.host_chunks;
   }
   warmup_ = false;
+  for (auto& fn : stage_fns_) fn = nullptr;
   return stats_;
 }
 
@@ -793,6 +980,7 @@ PlacementReport ChunkManager::Placement() const {
   r.chunk_elements = layout_.chunk_elements;
   r.chunk_waste_fraction = layout_.waste_fraction();
   r.planned_traffic_bytes = plan_.traffic_bytes;
+  r.recomputed_stages = RecomputedStages();
   for (const Chunk& chunk : chunks_) {
     std::string state;
     for (int i : chunk.tensors) {
@@ -823,7 +1011,10 @@ PlacementReport ChunkManager::Placement() const {
   for (int p = 0; p < cycle(); ++p) {
     PeriodReport period;
     period.name = PeriodName(p);
-    period.non_model_bytes = p < static_cast<int>(non_model_.size()) ? non_model_[static_cast<size_t>(p)] : 0;
+    // As planned: the trace adjusted for the blocks that recompute now.
+    period.non_model_bytes = p < static_cast<int>(predicted_.size()) ? predicted_[static_cast<size_t>(p)]
+                             : p < static_cast<int>(non_model_.size()) ? non_model_[static_cast<size_t>(p)]
+                                                                       : 0;
     period.chunks = period_chunks_[static_cast<size_t>(p)];
     r.trace.push_back(period);
   }
@@ -859,7 +1050,11 @@ std::string ChunkManager::ExplainOutOfMemory(const std::string& what) const {
       options_.policy == MemoryOptions::Policy::kStatic
           ? "Static keeps its fixed split however little room is left; use memory.policy: auto, "
             "which moves chunks as the step needs them, or raise memory.device_budget"
-          : "Use a smaller train.batch_size or model.seq_len, or raise memory.device_budget";
+          : options_.recompute == MemoryOptions::Recompute::kNone ||
+                    options_.recompute == MemoryOptions::Recompute::kEvery
+                ? "Recompute activations (memory.recompute: auto), use a smaller train.batch_size or "
+                  "model.seq_len, or raise memory.device_budget"
+                : "Use a smaller train.batch_size or model.seq_len, or raise memory.device_budget";
   return absl::StrCat("out of device memory in period '", PeriodName(current_period_), "' (",
                       warmup_ ? "warm-up" : "steady", " step, ", PolicyName(options_.policy),
                       " policy): ", Mib(DeviceModelBytes()), " of model data on the device of ",

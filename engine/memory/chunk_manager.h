@@ -56,6 +56,9 @@ struct ManagedParam {
 struct StageParams {
   std::string name;
   std::vector<int> params;
+  // Its activations may be recomputed in the backward instead of kept (a
+  // transformer block: its output depends only on its input and weights).
+  bool recomputable = false;
 };
 
 // Hyper-parameters of the optimizer that do not change over training, and
@@ -94,9 +97,15 @@ class ChunkManager {
   // warm-up.
   void BeginStep(const std::vector<int64_t>& batch_shape);
   // Runs stage `stage`'s forward, `fn(input)`, with its chunks on the device,
-  // and hooks its backward.
+  // and hooks its backward. If the stage recomputes this step, `fn` runs
+  // without keeping its intermediates and again in the backward (with the
+  // random number generators as they were, so dropout masks are the same):
+  // it must stay callable until the backward is done.
   at::Tensor RunStage(int stage, const at::Tensor& input,
                       const std::function<at::Tensor(const at::Tensor&)>& fn);
+  // Whether `stage` recomputes its activations this step, and all that do.
+  bool Recomputes(int stage) const { return recompute_[static_cast<size_t>(stage)]; }
+  std::vector<int> RecomputedStages() const;
   // After loss.backward(): closes the backward periods the hooks could not
   // (stages whose input needs no gradient). At the end of a warm-up, plans
   // the placement; RESOURCE_EXHAUSTED, with the numbers and what to change,
@@ -125,6 +134,9 @@ class ChunkManager {
   // Called by the backward hooks.
   void PreBackward(int stage);
   void PostBackward(int stage);
+  // Called by a recomputing stage's backward: re-runs its forward with
+  // gradients, measuring the activations it keeps.
+  at::Tensor Recompute(int stage, const at::Tensor& input);
 
  private:
   struct Payload;
@@ -166,6 +178,9 @@ class ChunkManager {
   void Demote();
   bool Preserve(const Payload& p) const;
   absl::Status PlanAfterWarmup();
+  std::vector<bool> InitialRecompute() const;
+  // The warm-up trace as it would be with only `recompute` recomputing.
+  std::vector<uint64_t> TraceWith(const std::vector<bool>& recompute) const;
   void ReleaseAfterPeriod(int period);
   PlanInput MakePlanInput() const;
 
@@ -186,6 +201,11 @@ class ChunkManager {
   std::vector<int64_t> traced_shape_;
   std::vector<uint64_t> non_model_;   // per period, from the last warm-up
   std::vector<uint64_t> predicted_;   // per period, for steady steps
+  std::vector<bool> recompute_;                       // per stage, current
+  std::vector<bool> traced_recompute_;                // per stage, in the warm-up
+  std::vector<std::function<at::Tensor(const at::Tensor&)>> stage_fns_;  // this step
+  std::vector<uint64_t> kept_activation_bytes_;       // per stage, measured
+  std::vector<uint64_t> input_bytes_;                 // per stage
   std::vector<bool> backward_started_;  // per stage, this step
   std::vector<bool> backward_done_;     // per stage, this step
   int current_period_ = -1;

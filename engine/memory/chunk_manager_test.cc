@@ -353,6 +353,47 @@ TEST(ChunkManagerTest, AnOverflowedGradientSkipsTheUpdateEverywhere) {
   }
 }
 
+// Recompute with dropout: the stages' masks must come out the same when a
+// stage re-runs in the backward.
+TEST(ChunkManagerTest, RecomputedStagesGiveTheSameGradientsBitForBit) {
+  auto run = [](MemoryOptions::Recompute mode, std::vector<double>* norms) {
+    SimulatedDevice device(kAmple);
+    ToyModel model;
+    MemoryOptions options;
+    options.chunk_elements = 1100;
+    options.recompute = mode;
+    std::vector<StageParams> stages = ToyModel::Stages();
+    for (int s = 1; s < 3; ++s) stages[static_cast<size_t>(s)].recomputable = true;
+    auto manager = ChunkManager::Create(&device, model.Params(), stages, options, {});
+    EXPECT_TRUE(manager.ok());
+    torch::manual_seed(11);
+    std::vector<int> recomputed;
+    for (int step = 1; step <= 4; ++step) {
+      torch::Tensor target;
+      torch::Tensor x = Batch(step, &target);
+      (*manager)->BeginStep({8, 16});
+      for (int s = 0; s < 4; ++s) {
+        x = (*manager)->RunStage(s, x, [&model, s, target](const torch::Tensor& in) {
+          torch::Tensor y = model.Stage(s, in);
+          if (s == 1 || s == 2) y = torch::dropout(y, 0.3, /*train=*/true);
+          return s == 3 ? torch::mse_loss(y, target) : y;
+        });
+      }
+      x.backward();
+      EXPECT_TRUE((*manager)->FinishBackward().ok());
+      norms->push_back((*manager)->OptimizerStep(step, 0.01, 0.0).grad_norm);
+      recomputed = (*manager)->EndStep().recomputed_stages;
+    }
+    EXPECT_EQ(recomputed, mode == MemoryOptions::Recompute::kAll ? std::vector<int>({1, 2}) : std::vector<int>());
+    return (*manager)->ParameterValues();
+  };
+  std::vector<double> kept_norms, recomputed_norms;
+  std::vector<torch::Tensor> kept = run(MemoryOptions::Recompute::kNone, &kept_norms);
+  std::vector<torch::Tensor> recomputed = run(MemoryOptions::Recompute::kAll, &recomputed_norms);
+  EXPECT_EQ(recomputed_norms, kept_norms);
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(torch::equal(recomputed[i], kept[i])) << i;
+}
+
 TEST(ChunkManagerTest, HostBudgetIsEnforced) {
   SimulatedDevice device(kAmple);
   ToyModel model;

@@ -28,6 +28,13 @@ struct MemoryOptions {
   double margin = 0.05;
   // auto: fetch the next period's chunks ahead of time when room allows.
   bool prefetch = true;
+  // Activation recomputation of the stages that allow it (the transformer
+  // blocks): none; all; every k-th (block index % k == 0); or auto, the
+  // fewest that let the step fit the device with the margin, chosen from the
+  // warm-up (which recomputes every block, to measure what each one saves).
+  enum class Recompute { kNone, kAll, kEvery, kAuto };
+  Recompute recompute = Recompute::kAuto;
+  int recompute_every = 2;
 };
 
 inline const char* PolicyName(MemoryOptions::Policy policy) {

@@ -33,6 +33,8 @@ struct StepMemoryStats {
   uint64_t host_bytes[3] = {0, 0, 0};
   int device_chunks = 0;
   int host_chunks = 0;
+  // Stages that recomputed their activations in this step.
+  std::vector<int> recomputed_stages;
 };
 
 struct PayloadReport {
@@ -75,6 +77,8 @@ struct PlacementReport {
   std::vector<PeriodReport> trace;
   // Planned bytes moved per steady step.
   uint64_t planned_traffic_bytes = 0;
+  // Stages whose activations are recomputed in the backward.
+  std::vector<int> recomputed_stages;
 };
 
 // The planner's input for a run as its report describes it: the warm-up

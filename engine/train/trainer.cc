@@ -132,8 +132,10 @@ class ChunkedEngine : public StepEngine {
     manager_->BeginStep(inputs.sizes().vec());
     torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
     for (int64_t i = 0; i < gpt.block_count(); ++i) {
+      // By value: a recomputing block runs this again in the backward.
+      GptImpl* model = &gpt;
       x = manager_->RunStage(static_cast<int>(1 + i), x,
-                             [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
+                             [model, i](const torch::Tensor& t) { return model->block(i).forward(t); });
     }
     torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
                                          [&](const torch::Tensor& t) {
@@ -171,6 +173,8 @@ class ChunkedEngine : public StepEngine {
     report->loss_scale = used_scale_;
     report->skipped = skipped_;
     report->skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
+    // Stage 1 + i is block i.
+    for (int stage : stats_.recomputed_stages) report->recomputed_blocks.push_back(stage - 1);
   }
 
   std::string ExplainOutOfMemory(const std::string& what) const override {
@@ -205,7 +209,7 @@ class ChunkedEngine : public StepEngine {
       for (const auto& [name, id] : index) {
         if (name.rfind(prefix, 0) == 0) ids.push_back(id);
       }
-      stages.push_back({absl::StrCat("h.", i), ids});
+      stages.push_back({absl::StrCat("h.", i), ids, /*recomputable=*/true});
     }
     stages.push_back({"head", of({"ln_f.weight", "ln_f.bias", "wte.weight"})});
     if (memory.chunk_step_elements <= 0) memory.chunk_step_elements = model_->config().hidden;

@@ -247,6 +247,79 @@ TEST(TrainerTest, AutoCompletesWhereStaticRunsOutOfMemory) {
   EXPECT_EQ(automatic->observer.Losses(), ample->observer.Losses());
 }
 
+// Activations, not weights, fill the device: long-ish sequences, a wide
+// batch, dropout on.
+GptConfig ActivationHeavy() {
+  GptConfig c = TinyModel();
+  c.layers = 6;
+  c.seq_len = 64;
+  c.dropout = 0.1;
+  return c;
+}
+
+MemoryOptions WithRecompute(MemoryOptions::Recompute mode, int every = 2) {
+  MemoryOptions m;
+  m.recompute = mode;
+  m.recompute_every = every;
+  return m;
+}
+
+std::vector<double> GradNorms(const RecordingObserver& o) {
+  std::vector<double> g;
+  for (const StepReport& r : o.reports) g.push_back(r.grad_norm);
+  return g;
+}
+
+TEST(TrainerTest, RecomputeIsTheSameTrainingBitForBit) {
+  using R = MemoryOptions::Recompute;
+  auto none = Train(ActivationHeavy(), Quick(6), kAmple, WithRecompute(R::kNone));
+  ASSERT_TRUE(none->status.ok()) << none->status;
+  EXPECT_TRUE(none->observer.reports.back().recomputed_blocks.empty());
+  for (R mode : {R::kAll, R::kEvery, R::kAuto}) {
+    auto run = Train(ActivationHeavy(), Quick(6), kAmple, WithRecompute(mode));
+    ASSERT_TRUE(run->status.ok()) << run->status;
+    EXPECT_EQ(run->observer.Losses(), none->observer.Losses()) << static_cast<int>(mode);
+    EXPECT_EQ(GradNorms(run->observer), GradNorms(none->observer)) << static_cast<int>(mode);
+  }
+  auto all = Train(ActivationHeavy(), Quick(2), kAmple, WithRecompute(R::kAll));
+  EXPECT_EQ(all->observer.reports.back().recomputed_blocks, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  auto every = Train(ActivationHeavy(), Quick(2), kAmple, WithRecompute(R::kEvery, 3));
+  EXPECT_EQ(every->observer.reports.back().recomputed_blocks, (std::vector<int>{0, 3}));
+  auto automatic = Train(ActivationHeavy(), Quick(2), kAmple, WithRecompute(R::kAuto));
+  EXPECT_EQ(automatic->observer.reports[0].recomputed_blocks.size(), 6u) << "the warm-up measures every block";
+  EXPECT_TRUE(automatic->observer.reports[1].recomputed_blocks.empty()) << "an ample device needs none";
+}
+
+// The seed's claim for recompute: a budget where keeping every block's
+// activations runs out of device memory, but recomputing some fits.
+TEST(TrainerTest, AutoRecomputeCompletesWhereNoneRunsOutOfMemory) {
+  using R = MemoryOptions::Recompute;
+  auto none = Train(ActivationHeavy(), Quick(4), kAmple, WithRecompute(R::kNone));
+  auto all = Train(ActivationHeavy(), Quick(4), kAmple, WithRecompute(R::kAll));
+  ASSERT_TRUE(none->status.ok() && all->status.ok());
+  const uint64_t keep_need = PlannedNeed(none->observer.placement, false);
+  const uint64_t recompute_need = PlannedNeed(all->observer.placement, false);
+  ASSERT_LT(recompute_need * 3 / 2, keep_need) << "recompute must save a good deal here";
+  const uint64_t budget = (recompute_need * 3 / 2 + keep_need) / 2;
+
+  auto kept = Train(ActivationHeavy(), Quick(4), budget, WithRecompute(R::kNone));
+  EXPECT_EQ(kept->status.code(), absl::StatusCode::kResourceExhausted) << kept->status;
+  EXPECT_NE(kept->status.message().find("memory.recompute: auto"), std::string::npos) << kept->status;
+
+  auto automatic = Train(ActivationHeavy(), Quick(4), budget, WithRecompute(R::kAuto));
+  ASSERT_TRUE(automatic->status.ok()) << automatic->status;
+  const std::vector<int>& blocks = automatic->observer.reports.back().recomputed_blocks;
+  ASSERT_FALSE(blocks.empty());
+  ASSERT_LT(blocks.size(), 6u) << "only some blocks recompute";
+  // Every block saves the same here; the later ones, whose activations live
+  // for the fewest periods, are kept first: the earliest blocks recompute.
+  for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ(blocks[i], static_cast<int>(i));
+  EXPECT_EQ(automatic->observer.placement.recomputed_stages.size(), blocks.size());
+  // And it is the same training.
+  const auto& ample_losses = none->observer.Losses();
+  EXPECT_EQ(automatic->observer.Losses(), ample_losses);
+}
+
 TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {
   auto run = Train(SixLayers(), Small(3), 64 << 10, MemoryOptions());
   EXPECT_EQ(run->status.code(), absl::StatusCode::kResourceExhausted) << run->status;

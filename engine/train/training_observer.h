@@ -52,6 +52,8 @@ struct StepReport {
   double loss_scale = 1.0;
   bool skipped = false;
   int64_t skipped_steps = 0;
+  // Transformer blocks that recomputed their activations in this step.
+  std::vector<int> recomputed_blocks;
 };
 
 enum class LogLevel { kInfo, kWarning, kError };

@@ -67,6 +67,22 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   }
   if (!memory->has_margin()) memory->set_margin(engine_defaults.margin);
   if (!memory->has_prefetch()) memory->set_prefetch(engine_defaults.prefetch);
+  if (memory->recompute_every() != 0 && memory->recompute() != ferry::v1::RECOMPUTE_MODE_EVERY) {
+    // recompute_every alone asks for every k-th block; beside another mode
+    // it would be ignored, so say so.
+    if (memory->recompute() != ferry::v1::RECOMPUTE_MODE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          "memory.recompute_every: applies only with memory.recompute: every; set that or remove "
+          "memory.recompute_every");
+    }
+    memory->set_recompute(ferry::v1::RECOMPUTE_MODE_EVERY);
+  }
+  if (memory->recompute() == ferry::v1::RECOMPUTE_MODE_UNSPECIFIED) {
+    memory->set_recompute(ferry::v1::RECOMPUTE_MODE_AUTO);
+  }
+  if (memory->recompute() == ferry::v1::RECOMPUTE_MODE_EVERY && memory->recompute_every() == 0) {
+    memory->set_recompute_every(static_cast<uint32_t>(engine_defaults.recompute_every));
+  }
 
   ferry::v1::ParallelSpec* parallel = out.mutable_parallel();
   if (parallel->tensor() == 0) parallel->set_tensor(1);
@@ -130,6 +146,20 @@ MemoryOptions ToMemoryOptions(const ferry::v1::MemorySpec& memory) {
   o.static_optimizer_host_fraction = memory.static_optimizer_host_fraction();
   o.margin = memory.margin();
   o.prefetch = memory.prefetch();
+  switch (memory.recompute()) {
+    case ferry::v1::RECOMPUTE_MODE_NONE:
+      o.recompute = MemoryOptions::Recompute::kNone;
+      break;
+    case ferry::v1::RECOMPUTE_MODE_ALL:
+      o.recompute = MemoryOptions::Recompute::kAll;
+      break;
+    case ferry::v1::RECOMPUTE_MODE_EVERY:
+      o.recompute = MemoryOptions::Recompute::kEvery;
+      break;
+    default:
+      o.recompute = MemoryOptions::Recompute::kAuto;
+  }
+  o.recompute_every = static_cast<int>(memory.recompute_every());
   return o;
 }
 

@@ -195,6 +195,9 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
     p.Invalid(absl::StrCat("memory.chunk_size: ", FormatSize(m.chunk_size()),
                            " is too small; use at least 4KiB, or leave it unset to let Ferry choose"));
   }
+  if (m.recompute_every() > 1024) {
+    p.Invalid(absl::StrCat("memory.recompute_every: ", m.recompute_every(), " is out of range; use 1 to 1024"));
+  }
   if (m.device_budget() > 0 && m.device_budget() < (1u << 20)) {
     p.Invalid(absl::StrCat("memory.device_budget: ", FormatSize(m.device_budget()),
                            " is too small to train in; use at least 1MiB"));

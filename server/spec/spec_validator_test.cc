@@ -77,6 +77,34 @@ TEST(SpecDefaultsTest, UnknownPresetIsInvalid) {
             std::string::npos);
 }
 
+TEST(SpecDefaultsTest, RecomputeModes) {
+  EXPECT_EQ(Resolved("data: {synthetic: {}}").memory().recompute(), ferry::v1::RECOMPUTE_MODE_AUTO);
+  for (const char* mode : {"none", "all", "auto"}) {
+    JobSpec spec = Resolved(std::string("data: {synthetic: {}}\nmemory: {recompute: ") + mode + "}");
+    EXPECT_EQ(ToMemoryOptions(spec.memory()).recompute == MemoryOptions::Recompute::kNone, std::string(mode) == "none");
+    EXPECT_EQ(ToMemoryOptions(spec.memory()).recompute == MemoryOptions::Recompute::kAll, std::string(mode) == "all");
+    EXPECT_EQ(ToMemoryOptions(spec.memory()).recompute == MemoryOptions::Recompute::kAuto, std::string(mode) == "auto");
+    EXPECT_TRUE(ValidateSpec(spec, Machine()).ok()) << mode;
+  }
+  JobSpec every = Resolved("data: {synthetic: {}}\nmemory: {recompute: every}");
+  EXPECT_EQ(ToMemoryOptions(every.memory()).recompute, MemoryOptions::Recompute::kEvery);
+  EXPECT_EQ(ToMemoryOptions(every.memory()).recompute_every, 2);
+  // recompute_every alone means every k-th block.
+  JobSpec third = Resolved("data: {synthetic: {}}\nmemory: {recompute_every: 3}");
+  EXPECT_EQ(third.memory().recompute(), ferry::v1::RECOMPUTE_MODE_EVERY);
+  EXPECT_EQ(ToMemoryOptions(third.memory()).recompute_every, 3);
+  // Beside another mode it would be ignored: refused, saying so.
+  absl::StatusOr<JobSpec> parsed = ParseJobSpec("memory: {recompute: all, recompute_every: 3}", "/");
+  ASSERT_TRUE(parsed.ok());
+  absl::StatusOr<JobSpec> resolved = WithDefaults(*parsed);
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(resolved.status().message().find("memory.recompute_every: applies only with memory.recompute: every"),
+            std::string::npos)
+      << resolved.status();
+  ExpectProblem("data: {synthetic: {}}\nmemory: {recompute: every, recompute_every: 5000}",
+                absl::StatusCode::kInvalidArgument, "memory.recompute_every: 5000 is out of range");
+}
+
 TEST(SpecValidatorTest, MalformedFieldsAreInvalidArgument) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   ExpectProblem("{}", kInvalid, "data: set path");

@@ -109,6 +109,7 @@ class Reporter : public TrainingObserver {
     p->set_loss_scale(r.loss_scale);
     p->set_skipped(r.skipped);
     p->set_skipped_steps(static_cast<uint64_t>(r.skipped_steps));
+    for (int block : r.recomputed_blocks) p->add_recomputed_blocks(static_cast<uint32_t>(block));
     last_step_ = static_cast<uint64_t>(r.step);
     final_step_ = r.step == r.total_steps;
     Send(report);
@@ -140,6 +141,8 @@ class Reporter : public TrainingObserver {
     out->set_chunk_size_bytes(static_cast<uint64_t>(r.chunk_elements) * 4);
     out->set_chunk_waste_fraction(r.chunk_waste_fraction);
     out->set_planned_traffic_bytes(r.planned_traffic_bytes);
+    // Stage 1 + i is block i.
+    for (int stage : r.recomputed_stages) out->add_recomputed_blocks(static_cast<uint32_t>(stage - 1));
     uint64_t totals[2][3] = {{0, 0, 0}, {0, 0, 0}};
     for (const PayloadReport& p : r.payloads) {
       ferry::v1::ChunkPlacement* c = out->add_chunks();
