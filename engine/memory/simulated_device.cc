@@ -6,7 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -22,11 +24,70 @@ thread_local bool t_host_scope = false;
 
 constexpr size_t kAlignment = 64;
 
+// Large blocks, once freed, are kept for reuse, as a GPU's caching allocator
+// keeps them: a fresh block from the system costs a page fault for every
+// page on first touch, which would make the simulated device slower the more
+// often a step allocates (recomputation allocates a block's activations
+// twice) and so distort timings. Blocks are matched by their size rounded up
+// to kCacheGranularity; at most kMaxCachedBytes are kept, and all are given
+// back when the device goes. The counters count what was asked for, as
+// before: caching changes no figure, only speed.
+constexpr size_t kCacheMinBytes = size_t{1} << 20;
+constexpr size_t kCacheGranularity = size_t{64} << 10;
+constexpr size_t kMaxCachedBytes = size_t{2} << 30;
+
+class BlockCache {
+ public:
+  // A block of `backing` bytes, or null if none is kept.
+  void* Take(size_t backing) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(backing);
+    if (it == blocks_.end()) return nullptr;
+    void* base = it->second;
+    blocks_.erase(it);
+    cached_bytes_ -= backing;
+    return base;
+  }
+  // Keeps `base`; false if the cache is full (the caller frees it).
+  bool Give(void* base, size_t backing) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_bytes_ + backing > kMaxCachedBytes) return false;
+    blocks_.emplace(backing, base);
+    cached_bytes_ += backing;
+    return true;
+  }
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [backing, base] : blocks_) std::free(base);
+    blocks_.clear();
+    cached_bytes_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> blocks_;
+  size_t cached_bytes_ = 0;
+};
+
+BlockCache& Cache() {
+  static BlockCache* cache = new BlockCache;
+  return *cache;
+}
+
+// The bytes behind an allocation of `bytes`: its header and the data,
+// rounded up where the block may be cached.
+size_t BackingBytes(size_t bytes) {
+  const size_t data = bytes < kCacheMinBytes ? std::max<size_t>(bytes, 1)
+                                             : (bytes + kCacheGranularity - 1) / kCacheGranularity * kCacheGranularity;
+  return kAlignment + data;
+}
+
 // Kept in the kAlignment bytes in front of each allocation, so that the
 // data pointer is also the deleter's context, as LibTorch's raw_allocate
 // requires (some CPU kernels, e.g. bf16 matrix products, allocate that way).
 struct Allocation {
   size_t bytes;
+  size_t backing;
   bool device;
   std::shared_ptr<SimulatedMemoryCounters> counters;  // null: not counted
 };
@@ -41,8 +102,10 @@ void FreeAllocation(void* data) {
   if (a->counters) {
     (a->device ? a->counters->device_bytes : a->counters->host_bytes).fetch_sub(a->bytes);
   }
+  const size_t backing = a->backing;
+  const bool cacheable = a->bytes >= kCacheMinBytes;
   a->~Allocation();
-  std::free(a);
+  if (!cacheable || !Cache().Give(a, backing)) std::free(a);
 }
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0)); }
@@ -73,13 +136,14 @@ class CountingCpuAllocator final : public c10::Allocator {
     } else if (counters != nullptr) {
       counters->host_bytes.fetch_add(bytes);
     }
-    void* base = nullptr;
-    if (posix_memalign(&base, kAlignment, kAlignment + bytes) != 0) {
+    const size_t backing = BackingBytes(bytes);
+    void* base = bytes >= kCacheMinBytes ? Cache().Take(backing) : nullptr;
+    if (base == nullptr && posix_memalign(&base, kAlignment, backing) != 0) {
       if (device) counters->device_bytes.fetch_sub(bytes);
       else if (counters) counters->host_bytes.fetch_sub(bytes);
       C10_THROW_ERROR(OutOfMemoryError, absl::StrCat("host out of memory allocating ", Mib(bytes)));
     }
-    new (base) Allocation{bytes, device, std::move(counters)};
+    new (base) Allocation{bytes, backing, device, std::move(counters)};
     void* data = static_cast<char*>(base) + kAlignment;
     return c10::DataPtr(data, data, &FreeAllocation, c10::Device(c10::kCPU));
   }
@@ -92,6 +156,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       throw std::logic_error("only one SimulatedDevice may exist at a time");
     }
     counters_ = std::move(counters);
+    if (counters_ == nullptr) Cache().Clear();
   }
 
  private:

@@ -42,6 +42,29 @@ TEST(SimulatedDeviceTest, RawAllocationsAreCountedAndFreed) {
   EXPECT_EQ(torch::mm(a, a).index({0, 0}).item<float>(), 64.0f);
 }
 
+// Freed large blocks are reused, as a GPU's caching allocator reuses them,
+// without changing what the device counts.
+TEST(SimulatedDeviceTest, LargeBlocksAreReusedAndStillCounted) {
+  SimulatedDevice device(64 * kMiB);
+  const uint64_t before = device.allocated_bytes();
+  void* first = nullptr;
+  {
+    torch::Tensor a = torch::empty({static_cast<int64_t>(2 * kMiB / 4)});
+    first = a.data_ptr();
+    EXPECT_EQ(device.allocated_bytes() - before, 2 * kMiB);
+  }
+  EXPECT_EQ(device.allocated_bytes(), before);
+  torch::Tensor b = torch::empty({static_cast<int64_t>(2 * kMiB / 4)});
+  EXPECT_EQ(b.data_ptr(), first);
+  EXPECT_EQ(device.allocated_bytes() - before, 2 * kMiB);
+  // A little smaller still fits the same rounded block; capacity is judged
+  // on the bytes asked for.
+  b = torch::Tensor();
+  torch::Tensor c = torch::empty({static_cast<int64_t>(2 * kMiB / 4) - 16});
+  EXPECT_EQ(c.data_ptr(), first);
+  EXPECT_EQ(device.allocated_bytes() - before, 2 * kMiB - 64);
+}
+
 TEST(SimulatedDeviceTest, GoingOverCapacityThrowsOutOfMemory) {
   SimulatedDevice device(4 * kMiB);
   torch::Tensor a = torch::empty({static_cast<int64_t>(3 * kMiB / 4)});
