@@ -25,39 +25,88 @@ uint64_t DrawSeed() {
   return g.get<at::CPUGeneratorImpl>()->random64();
 }
 
-// True where an element is kept: each 64-bit hash decides two elements,
-// kept when its 32-bit half is at least p * 2^32. The result depends on the
-// seed and the element's index only, not on how the work is split.
-at::Tensor KeepMask(at::IntArrayRef sizes, double p, uint64_t seed) {
-  at::Tensor mask = at::empty(sizes, at::TensorOptions().dtype(at::kBool));
-  bool* m = mask.data_ptr<bool>();
-  const int64_t n = mask.numel();
-  const uint32_t threshold = static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0));
-  at::parallel_for(0, (n + 1) / 2, 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t h = Mix(seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
-      m[2 * i] = static_cast<uint32_t>(h) >= threshold;
-      if (2 * i + 1 < n) m[2 * i + 1] = static_cast<uint32_t>(h >> 32) >= threshold;
+// Whether element i is kept: each 64-bit hash decides two elements, kept
+// when its 32-bit half is at least p * 2^32. The result depends on the seed
+// and the element's index only, not on how the work is split.
+class KeepRule {
+ public:
+  KeepRule(double p, uint64_t seed)
+      : seed_(seed), threshold_(static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0))) {}
+
+  // Calls f(i, keep) for i in [2 * pair_begin, 2 * pair_end) ∩ [0, n).
+  template <typename F>
+  void ForPairs(int64_t pair_begin, int64_t pair_end, int64_t n, F&& f) const {
+    for (int64_t i = pair_begin; i < pair_end; ++i) {
+      const uint64_t h = Mix(seed_ + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
+      f(2 * i, static_cast<uint32_t>(h) >= threshold_);
+      if (2 * i + 1 < n) f(2 * i + 1, static_cast<uint32_t>(h >> 32) >= threshold_);
     }
+  }
+
+ private:
+  uint64_t seed_;
+  uint32_t threshold_;
+};
+
+constexpr int64_t kGrainPairs = 1 << 14;
+
+// out = keep ? in * scale : 0 over contiguous fp32 tensors, one pass.
+void MaskedScale(const at::Tensor& in, const at::Tensor& mask, double scale, at::Tensor& out) {
+  const float* x = in.data_ptr<float>();
+  const bool* m = mask.data_ptr<bool>();
+  float* y = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  at::parallel_for(0, in.numel(), kGrainPairs * 2, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = m[i] ? x[i] * s : 0.0f;
   });
-  return mask;
 }
 
 struct CpuDropout : public torch::autograd::Function<CpuDropout> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double p) {
-    const at::Tensor mask = KeepMask(x.sizes(), p, DrawSeed());
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, double p) {
+    const at::Tensor x = input.contiguous();
+    const int64_t n = x.numel();
+    const KeepRule rule(p, DrawSeed());
     const double scale = 1.0 / (1.0 - p);
+    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kBool));
+    bool* m = mask.data_ptr<bool>();
+    at::Tensor y;
+    if (x.scalar_type() == at::kFloat) {
+      // Mask and output in one pass.
+      y = at::empty_like(x);
+      const float* in = x.data_ptr<float>();
+      float* out = y.data_ptr<float>();
+      const float s = static_cast<float>(scale);
+      at::parallel_for(0, (n + 1) / 2, kGrainPairs, [&](int64_t begin, int64_t end) {
+        rule.ForPairs(begin, end, n, [&](int64_t i, bool keep) {
+          m[i] = keep;
+          out[i] = keep ? in[i] * s : 0.0f;
+        });
+      });
+    } else {
+      at::parallel_for(0, (n + 1) / 2, kGrainPairs, [&](int64_t begin, int64_t end) {
+        rule.ForPairs(begin, end, n, [&](int64_t i, bool keep) { m[i] = keep; });
+      });
+      y = x.mul(mask.to(x.scalar_type()));
+      y.mul_(scale);
+    }
     ctx->save_for_backward({mask});
     ctx->saved_data["scale"] = scale;
-    at::Tensor y = x.mul(mask);
-    return y.mul_(scale);
+    return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
-    at::Tensor g = grads[0].mul(mask);
-    g.mul_(ctx->saved_data["scale"].toDouble());
-    return {g, at::Tensor()};
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor dx;
+    if (g.scalar_type() == at::kFloat) {
+      dx = at::empty_like(g);
+      MaskedScale(g, mask, scale, dx);
+    } else {
+      dx = g.mul(mask.to(g.scalar_type()));
+      dx.mul_(scale);
+    }
+    return {dx, at::Tensor()};
   }
 };
 
