@@ -23,16 +23,14 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "bench/bench_output.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/bench_output.h"
+#include "bench/sim_trial.h"
 #include "engine/common/host_info.h"
-#include "engine/data/synthetic_source.h"
-#include "engine/memory/simulated_device.h"
 #include "engine/model/gpt_config.h"
-#include "engine/train/trainer.h"
 
 ABSL_FLAG(bool, quick, false, "Smaller budgets and models (under two minutes).");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/memory.json).");
@@ -42,38 +40,6 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr double kBytesPerParam = 16.0;  // fp32 weights, gradients, two moments
-
-class Collector : public TrainingObserver {
- public:
-  void OnStep(const StepReport& r) override { reports.push_back(r); }
-  void OnPlacement(const PlacementReport& p) override { placement = p; }
-  std::vector<StepReport> reports;
-  PlacementReport placement;
-};
-
-struct Trial {
-  absl::Status status;
-  Collector observer;
-};
-
-std::unique_ptr<Trial> Train(const GptConfig& model, int64_t steps, int64_t batch,
-                             uint64_t device_bytes, std::optional<MemoryOptions> memory) {
-  auto trial = std::make_unique<Trial>();
-  SimulatedDevice device(device_bytes);
-  TrainOptions train;
-  train.steps = steps;
-  train.batch_size = batch;
-  train.lr = 1e-3;
-  train.min_lr = 1e-4;
-  train.warmup_steps = 1;
-  EngineOptions engine;
-  engine.device = &device;
-  engine.memory = memory;
-  trial->status = Trainer(model, train, engine,
-                          std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &trial->observer)
-                      .Run();
-  return trial;
-}
 
 MemoryOptions Policy(MemoryOptions::Policy policy, uint64_t host_budget) {
   MemoryOptions m;
@@ -120,7 +86,7 @@ CapacityResult Capacity(MemoryOptions::Policy policy, uint64_t device_budget, ui
     for (int attempt = 0; attempt < 4 && layers >= 1; ++attempt) {
       const GptConfig model = Model(layers, h, vocab, seq);
       if (model.ParameterCount() <= best.params) break;
-      std::unique_ptr<Trial> t = Train(model, 3, batch, device_budget, Policy(policy, host_budget));
+      std::unique_ptr<Trial> t = TrainOnSimulatedDevice(model, 3, batch, device_budget, Policy(policy, host_budget));
       ++best.trials;
       const std::string outcome = t->status.ok() ? "ok" : std::string(t->status.message()).substr(0, 120);
       best.log.push_back(absl::StrFormat("%s hidden %d layers %d (%d params): %s", PolicyName(policy), h,
@@ -241,7 +207,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "traffic: %lld parameters, %.1f MiB of model data\n", static_cast<long long>(n),
                double(model_data) / kMiB);
   // The step's activations, measured once with room to spare.
-  std::unique_ptr<Trial> ample = Train(traffic_model, 3, traffic_batch, 64 * model_data,
+  std::unique_ptr<Trial> ample = TrainOnSimulatedDevice(traffic_model, 3, traffic_batch, 64 * model_data,
                                        Policy(MemoryOptions::Policy::kAuto, 0));
   uint64_t peak_non_model = 0;
   for (const StepReport& r : ample->observer.reports) {
@@ -252,11 +218,11 @@ int main(int argc, char** argv) {
     TrafficRow row;
     row.budget_fraction = fraction;
     row.budget_bytes = static_cast<uint64_t>(fraction * double(model_data));
-    std::unique_ptr<Trial> st = Train(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
+    std::unique_ptr<Trial> st = TrainOnSimulatedDevice(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
                                       Policy(MemoryOptions::Policy::kStatic, 0));
     row.static_bytes = SteadyTraffic(*st);
     if (!st->status.ok()) row.static_error = std::string(st->status.message()).substr(0, 160);
-    std::unique_ptr<Trial> a = Train(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
+    std::unique_ptr<Trial> a = TrainOnSimulatedDevice(traffic_model, traffic_steps, traffic_batch, row.budget_bytes,
                                      Policy(MemoryOptions::Policy::kAuto, 0));
     row.auto_bytes = SteadyTraffic(*a);
     if (!a->status.ok()) row.auto_error = std::string(a->status.message()).substr(0, 160);
@@ -278,9 +244,9 @@ int main(int argc, char** argv) {
   std::vector<double> plain_s, auto_s;
   for (int round = 0; round < 2; ++round) {
     plain_s.push_back(MedianSteadySeconds(
-        *Train(traffic_model, overhead_steps, traffic_batch, 64 * model_data, std::nullopt)));
-    auto_s.push_back(MedianSteadySeconds(*Train(traffic_model, overhead_steps, traffic_batch, 64 * model_data,
-                                                Policy(MemoryOptions::Policy::kAuto, 0))));
+        *TrainOnSimulatedDevice(traffic_model, overhead_steps, traffic_batch, 64 * model_data, std::nullopt)));
+    auto_s.push_back(MedianSteadySeconds(*TrainOnSimulatedDevice(
+        traffic_model, overhead_steps, traffic_batch, 64 * model_data, Policy(MemoryOptions::Policy::kAuto, 0))));
   }
   const double plain_seconds = (plain_s[0] + plain_s[1]) / 2;
   const double auto_seconds = (auto_s[0] + auto_s[1]) / 2;

@@ -23,13 +23,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/bench_output.h"
+#include "bench/sim_trial.h"
 #include "engine/common/host_info.h"
-#include "engine/data/synthetic_source.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
-#include "engine/memory/simulated_device.h"
 #include "engine/model/gpt_config.h"
-#include "engine/train/trainer.h"
 
 ABSL_FLAG(bool, quick, false, "A narrower model, a smaller batch and fewer steps (under two minutes).");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/recompute.json).");
@@ -40,38 +38,11 @@ namespace {
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kAmple = uint64_t{64} << 30;
 
-class Collector : public TrainingObserver {
- public:
-  void OnStep(const StepReport& r) override { reports.push_back(r); }
-  void OnPlacement(const PlacementReport& p) override { placement = p; }
-  std::vector<StepReport> reports;
-  PlacementReport placement;
-};
-
-struct Trial {
-  absl::Status status;
-  Collector observer;
-};
-
 std::unique_ptr<Trial> Train(const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes,
                              MemoryOptions::Recompute mode) {
-  auto trial = std::make_unique<Trial>();
-  SimulatedDevice device(device_bytes);
-  TrainOptions train;
-  train.steps = steps;
-  train.batch_size = batch;
-  train.lr = 1e-3;
-  train.min_lr = 1e-4;
-  train.warmup_steps = 1;
-  EngineOptions engine;
-  engine.device = &device;
   MemoryOptions memory;
   memory.recompute = mode;
-  engine.memory = memory;
-  trial->status = Trainer(model, train, engine,
-                          std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &trial->observer)
-                      .Run();
-  return trial;
+  return TrainOnSimulatedDevice(model, steps, batch, device_bytes, memory);
 }
 
 // What one mode measured, over every round.
