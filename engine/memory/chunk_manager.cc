@@ -674,14 +674,20 @@ std::vector<bool> ChunkManager::InitialRecompute() const {
   return r;
 }
 
+uint64_t ChunkManager::KeepCost(int stage) const {
+  // Beyond the input, which a recomputing stage keeps anyway.
+  const size_t i = static_cast<size_t>(stage);
+  return kept_activation_bytes_[i] > input_bytes_[i] ? kept_activation_bytes_[i] - input_bytes_[i] : 0;
+}
+
 std::vector<uint64_t> ChunkManager::TraceWith(const std::vector<bool>& recompute) const {
   std::vector<uint64_t> trace = non_model_;
   for (int s = 0; s < stage_count(); ++s) {
     const size_t i = static_cast<size_t>(s);
     if (!traced_recompute_[i] || recompute[i]) continue;
-    // Kept instead of recomputed: its activations (beyond the input a
-    // recomputing stage keeps anyway) stay from its forward to its backward.
-    const uint64_t extra = kept_activation_bytes_[i] > input_bytes_[i] ? kept_activation_bytes_[i] - input_bytes_[i] : 0;
+    // Kept instead of recomputed: its activations stay from its forward to
+    // its backward.
+    const uint64_t extra = KeepCost(s);
     for (int p = ForwardPeriod(s); p < BackwardPeriod(s); ++p) trace[static_cast<size_t>(p)] += extra;
   }
   return trace;
@@ -724,12 +730,8 @@ absl::Status ChunkManager::PlanAfterWarmup() {
     for (int s = 0; s < stage_count(); ++s) {
       if (recompute_[static_cast<size_t>(s)]) candidates.push_back(s);
     }
-    auto saving = [&](int s) {
-      const size_t i = static_cast<size_t>(s);
-      return kept_activation_bytes_[i] > input_bytes_[i] ? kept_activation_bytes_[i] - input_bytes_[i] : 0;
-    };
     std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
-      return saving(a) != saving(b) ? saving(a) < saving(b) : a > b;
+      return KeepCost(a) != KeepCost(b) ? KeepCost(a) < KeepCost(b) : a > b;
     });
     std::vector<bool> chosen = recompute_;
     for (int s : candidates) {

@@ -179,6 +179,9 @@ class ChunkManager {
   bool Preserve(const Payload& p) const;
   absl::Status PlanAfterWarmup();
   std::vector<bool> InitialRecompute() const;
+  // What keeping `stage`'s activations adds to every period from its forward
+  // to its backward, as the warm-up measured it.
+  uint64_t KeepCost(int stage) const;
   // The warm-up trace as it would be with only `recompute` recomputing.
   std::vector<uint64_t> TraceWith(const std::vector<bool>& recompute) const;
   void ReleaseAfterPeriod(int period);

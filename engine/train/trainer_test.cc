@@ -290,6 +290,23 @@ TEST(TrainerTest, RecomputeIsTheSameTrainingBitForBit) {
   EXPECT_TRUE(automatic->observer.reports[1].recomputed_blocks.empty()) << "an ample device needs none";
 }
 
+// In mixed precision too: the re-run computes in the same precision, from
+// the same weights, with the same masks.
+TEST(TrainerTest, RecomputeInMixedPrecisionIsTheSameTraining) {
+  using R = MemoryOptions::Recompute;
+  for (TrainOptions::Precision precision : {TrainOptions::Precision::kFp16, TrainOptions::Precision::kBf16}) {
+    SCOPED_TRACE(precision == TrainOptions::Precision::kFp16 ? "fp16" : "bf16");
+    TrainOptions o = Quick(4);
+    o.precision = precision;
+    auto none = Train(ActivationHeavy(), o, kAmple, WithRecompute(R::kNone));
+    auto all = Train(ActivationHeavy(), o, kAmple, WithRecompute(R::kAll));
+    ASSERT_TRUE(none->status.ok() && all->status.ok()) << none->status << " " << all->status;
+    EXPECT_EQ(all->observer.Losses(), none->observer.Losses());
+    EXPECT_EQ(GradNorms(all->observer), GradNorms(none->observer));
+    EXPECT_EQ(all->observer.reports.back().recomputed_blocks.size(), 6u);
+  }
+}
+
 // The seed's claim for recompute: a budget where keeping every block's
 // activations runs out of device memory, but recomputing some fits.
 TEST(TrainerTest, AutoRecomputeCompletesWhereNoneRunsOutOfMemory) {

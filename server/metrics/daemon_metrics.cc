@@ -106,6 +106,11 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                   .Help("1 for the memory manager's phase in the latest step: warmup (tracing) or steady.")
                   .Register(*registry_)
                   .Add({{"phase", "steady"}})),
+      recomputed_blocks_(prometheus::BuildGauge()
+                             .Name("ferry_recomputed_blocks")
+                             .Help("Transformer blocks that recomputed their activations in the latest step.")
+                             .Register(*registry_)
+                             .Add({})),
       loss_scale_(prometheus::BuildGauge()
                       .Name("ferry_loss_scale")
                       .Help("The loss scale of the latest step (1 unless training in fp16).")
@@ -159,6 +164,7 @@ void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState 
     tokens_per_second_.Set(0);
     warmup_.Set(0);
     steady_.Set(0);
+    recomputed_blocks_.Set(0);
   }
 }
 
@@ -184,6 +190,7 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
   chunks_.Add({{"tier", "device"}}).Set(progress.device_chunks());
   chunks_.Add({{"tier", "host"}}).Set(progress.host_chunks());
   prediction_error_.Set(progress.prediction_error());
+  recomputed_blocks_.Set(progress.recomputed_blocks_size());
   const bool warmup = progress.memory_phase() == "warmup";
   warmup_.Set(warmup ? 1 : 0);
   steady_.Set(warmup ? 0 : 1);

@@ -55,6 +55,7 @@ class DaemonMetrics : public JobListener {
   prometheus::Gauge& prediction_error_;
   prometheus::Gauge& warmup_;
   prometheus::Gauge& steady_;
+  prometheus::Gauge& recomputed_blocks_;
   prometheus::Gauge& loss_scale_;
   prometheus::Counter& skipped_steps_;
   prometheus::Family<prometheus::Gauge>& build_info_;

@@ -49,6 +49,8 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   p.set_device_chunks(5);
   p.set_host_chunks(7);
   p.set_prediction_error(0.25);
+  p.add_recomputed_blocks(0);
+  p.add_recomputed_blocks(3);
   p.set_loss_scale(1024);
   p.set_skipped(true);
   metrics.OnProgress(p, 1000);
@@ -68,6 +70,7 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   EXPECT_TRUE(Has(text, "ferry_memory_chunks{tier=\"host\"} 7")) << text;
   EXPECT_TRUE(Has(text, "ferry_memory_prediction_error_ratio 0.25")) << text;
   EXPECT_TRUE(Has(text, "ferry_memory_phase{phase=\"steady\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_recomputed_blocks 2")) << text;
   EXPECT_TRUE(Has(text, "ferry_loss_scale 1024")) << text;
   EXPECT_TRUE(Has(text, "ferry_skipped_steps_total 2")) << text;
 

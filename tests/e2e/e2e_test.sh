@@ -52,6 +52,8 @@ printf 'data: {path: missing.bin}\n' >"$WORK/missing.yaml"
 expect_refusal 2 "failed precondition: data.path: $WORK/missing.bin does not exist" -- submit "$WORK/missing.yaml"
 printf 'data: {synthetic: {}}\nmemory: {host_budget: 99TiB}\n' >"$WORK/absurd.yaml"
 expect_refusal 2 "memory.host_budget" -- submit "$WORK/absurd.yaml"
+expect_refusal 2 "memory.recompute_every: applies only with memory.recompute: every" -- \
+  submit "$EXAMPLE" --set=memory.recompute=all,memory.recompute_every=3
 expect_refusal 2 "not found: job_id: no job 'j-00000000'" -- get j-00000000
 expect_refusal 2 "cannot read the job file" -- submit "$WORK/nope.yaml"
 
@@ -98,6 +100,20 @@ grep -q "scale" "$WORK/half.txt" || fail "the fp16 progress line shows no loss s
 "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['progress']; assert p['loss_scale'] >= 1 and p['loss'] < d['initial_loss'], p" "$WORK/half.json" \
   || fail "the fp16 job did not learn"
 
+# Recompute through the daemon: with dropout on, every block re-runs its
+# forward in the backward; progress, ferry get and ferry memory say which.
+RECOMP="$("$FERRY" submit "$EXAMPLE" --set=train.steps=20,model.dropout=0.1,memory.recompute=all -o json | json "d['id']")"
+"$FERRY" watch "$RECOMP" >"$WORK/recompute.txt" 2>&1 || fail "the recompute job failed: $(tail -3 "$WORK/recompute.txt")"
+[ "$("$FERRY" get "$RECOMP" -o json | json "d['progress'].get('recomputed_blocks')")" = "[0, 1]" ] \
+  || fail "progress does not list the recomputed blocks"
+"$FERRY" get "$RECOMP" | grep -q "recompute: *0-1 of 2 blocks (all)" || fail "ferry get: $("$FERRY" get "$RECOMP")"
+"$FERRY" memory "$RECOMP" >"$WORK/recompute-memory.txt"
+grep -q "recomputing blocks 0-1" "$WORK/recompute-memory.txt" || fail "ferry memory shows no recomputing blocks"
+grep -q "recompute+backward h.1" "$WORK/recompute-memory.txt" || fail "ferry memory's trace shows no recompute period"
+# By default (auto) an ample device recomputes nothing after the warm-up.
+[ "$("$FERRY" get "$ID" -o json | json "d['progress'].get('recomputed_blocks', [])")" = "[]" ] \
+  || fail "auto recomputed on an ample device"
+
 # A device budget too small for one step fails the job with the numbers and
 # what to change; the daemon serves on.
 SMALL="$("$FERRY" submit "$EXAMPLE" --set=train.steps=20,memory.device_budget=2MiB -o json | json "d['id']")"
@@ -139,9 +155,9 @@ pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind
 
 # /metrics has the documented series, with values from the job.
 curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape /metrics"
-for series in 'ferry_jobs{state="succeeded"} 2' 'ferry_loss_scale ' 'ferry_skipped_steps_total ' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 2' \
+for series in 'ferry_jobs{state="succeeded"} 3' 'ferry_loss_scale ' 'ferry_skipped_steps_total ' 'ferry_jobs{state="cancelled"} 1' 'ferry_jobs{state="failed"} 2' \
               'ferry_memory_transferred_bytes_total{direction="host_to_device"}' 'ferry_memory_phase{phase="steady"}' \
-              'ferry_memory_capacity_bytes{tier="device"}' 'ferry_memory_evictions_total' \
+              'ferry_memory_capacity_bytes{tier="device"}' 'ferry_memory_evictions_total' 'ferry_recomputed_blocks ' \
               'ferry_step_duration_seconds_bucket{' 'ferry_step_duration_seconds_count' \
               'ferry_tokens_total ' 'ferry_loss ' 'ferry_memory_bytes{kind="param",tier="host"}' \
               'ferry_memory_capacity_bytes{tier="host"}' 'ferry_build_info{'; do
