@@ -11,6 +11,16 @@
 
 namespace ferry {
 
+// `s` as a JSON string literal (line breaks become spaces).
+inline std::string JsonString(const std::string& s) {
+  std::string e = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') e += '\\';
+    e += ch == '\n' ? ' ' : ch;
+  }
+  return e + "\"";
+}
+
 // Writes `json` and says where; returns the process exit code.
 inline int WriteBenchResult(const std::string& name, const std::string& out_flag, const std::string& json) {
   std::string out = out_flag;

@@ -163,14 +163,6 @@ double MedianSteadySeconds(const Trial& t) {
 
 std::string Opt(const std::optional<uint64_t>& v) { return v ? absl::StrCat(*v) : "null"; }
 
-std::string JsonString(const std::string& s) {
-  std::string e = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') e += '\\';
-    e += ch == '\n' ? ' ' : ch;
-  }
-  return e + "\"";
-}
 std::string Mb(const std::optional<uint64_t>& v) {
   return v ? absl::StrFormat("%.1f", double(*v) / kMiB) : std::string("OOM");
 }

@@ -166,9 +166,9 @@ int main(int argc, char** argv) {
   for (const ModeResult& r : results) {
     modes.push_back(absl::StrFormat(
         "  \"%s\": {\"device_bytes\": %d, \"peak_bytes\": %d, \"step_seconds\": %.6f, \"peak_cut\": %.4f, "
-        "\"time_ratio\": %.4f, \"recomputed_blocks\": [%s], \"error\": \"%s\"}",
+        "\"time_ratio\": %.4f, \"recomputed_blocks\": [%s], \"error\": %s}",
         r.name, r.device_bytes, r.peak_bytes, r.MedianSeconds(), peak_cut(r), time_ratio(r),
-        Blocks(r.recomputed_blocks), r.error.empty() ? "" : "run failed; see stderr"));
+        Blocks(r.recomputed_blocks), JsonString(r.error)));
   }
   const std::string json = absl::StrCat(
       "{\n  \"benchmark\": \"recompute\",\n  \"quick\": ", quick ? "true" : "false",
