@@ -1,0 +1,195 @@
+#include "engine/parallel/communicator.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+std::string What(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, CommunicatorOptions options)
+      : group_(std::move(group)), options_(std::move(options)) {}
+
+  const std::string& name() const override { return options_.name; }
+  int rank() const override { return group_->getRank(); }
+  int size() const override { return group_->getSize(); }
+
+  void AllReduce(at::Tensor& t, ReduceOp op) override {
+    at::Tensor dense = t.contiguous();
+    std::vector<at::Tensor> tensors{dense};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    o.timeout = options_.timeout;
+    Run(Collective::kAllReduce, [&] { return group_->allreduce(tensors, o); });
+    if (!dense.is_same(t)) t.copy_(dense);
+  }
+
+  at::Tensor AllGather(const at::Tensor& t, int64_t dim) override {
+    std::vector<at::Tensor> input{t.contiguous()};
+    std::vector<std::vector<at::Tensor>> output(1);
+    for (int r = 0; r < size(); ++r) output[0].push_back(at::empty_like(input[0]));
+    c10d::AllgatherOptions o;
+    o.timeout = options_.timeout;
+    Run(Collective::kAllGather, [&] { return group_->allgather(output, input, o); });
+    return at::cat(output[0], dim);
+  }
+
+  void Broadcast(at::Tensor& t, int root) override {
+    at::Tensor dense = t.contiguous();
+    std::vector<at::Tensor> tensors{dense};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = options_.timeout;
+    Run(Collective::kBroadcast, [&] { return group_->broadcast(tensors, o); });
+    if (!dense.is_same(t)) t.copy_(dense);
+  }
+
+  void Barrier() override {
+    c10d::BarrierOptions o;
+    o.timeout = options_.timeout;
+    Run(Collective::kBarrier, [&] { return group_->barrier(o); });
+  }
+
+ private:
+  void Run(Collective c, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+    try {
+      c10::intrusive_ptr<c10d::Work> work = start();
+      if (!work->wait(options_.timeout)) {
+        throw std::runtime_error(absl::StrCat("did not finish in ", options_.timeout.count(), " ms"));
+      }
+    } catch (const std::exception& e) {
+      throw CollectiveException(absl::StrCat(CollectiveName(c), " in the ", options_.name, " group (rank ",
+                                             rank(), " of ", size(), ") failed: ", What(e)));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  CommunicatorOptions options_;
+};
+
+class SoloCommunicator : public Communicator {
+ public:
+  explicit SoloCommunicator(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const override { return name_; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void AllReduce(at::Tensor&, ReduceOp) override {}
+  at::Tensor AllGather(const at::Tensor& t, int64_t) override { return t.clone(); }
+  void Broadcast(at::Tensor&, int) override {}
+  void Barrier() override {}
+
+ private:
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> MakeSoloCommunicator(const std::string& name) {
+  return std::make_unique<SoloCommunicator>(name);
+}
+
+const char* CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "all-reduce";
+    case Collective::kAllGather:
+      return "all-gather";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kBarrier:
+      return "barrier";
+  }
+  return "collective";
+}
+
+c10::intrusive_ptr<c10d::Store> MakeInProcessStore() { return c10::make_intrusive<c10d::HashStore>(); }
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeTcpStore(const std::string& host, uint16_t port, int rank,
+                                                            int world_size, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = port;
+  o.isServer = rank == 0;
+  o.numWorkers = static_cast<size_t>(world_size);
+  o.waitWorkers = true;
+  o.timeout = timeout;
+  try {
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, o);
+    return store;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, " of ", world_size,
+                                               ": cannot rendezvous through the store at ", host, ":", port,
+                                               " (", What(e), "); check MASTER_ADDR and MASTER_PORT"));
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> PrefixedStore(const std::string& prefix, c10::intrusive_ptr<c10d::Store> store) {
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                                                                     int rank, int size,
+                                                                     const CommunicatorOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in a group of ", size));
+  }
+  try {
+    auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    o->devices.push_back(options.gloo_hostname.empty()
+                             ? c10d::ProcessGroupGloo::createDefaultDevice()
+                             : c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname));
+    // Connecting waits for every rank of the group.
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(group), options));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("the ", options.name, " group (rank ", rank, " of ", size,
+                                               ") could not connect: ", What(e)));
+  }
+}
+
+void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {
+  calls_.push_back({Collective::kAllReduce, static_cast<uint64_t>(t.numel() * t.element_size())});
+  inner_->AllReduce(t, op);
+}
+
+at::Tensor CountingCommunicator::AllGather(const at::Tensor& t, int64_t dim) {
+  calls_.push_back({Collective::kAllGather, static_cast<uint64_t>(t.numel() * t.element_size())});
+  return inner_->AllGather(t, dim);
+}
+
+void CountingCommunicator::Broadcast(at::Tensor& t, int root) {
+  calls_.push_back({Collective::kBroadcast, static_cast<uint64_t>(t.numel() * t.element_size())});
+  inner_->Broadcast(t, root);
+}
+
+void CountingCommunicator::Barrier() {
+  calls_.push_back({Collective::kBarrier, 0});
+  inner_->Barrier();
+}
+
+int CountingCommunicator::Count(Collective c) const {
+  int n = 0;
+  for (const Call& call : calls_) n += call.collective == c ? 1 : 0;
+  return n;
+}
+
+uint64_t CountingCommunicator::Bytes(Collective c) const {
+  uint64_t n = 0;
+  for (const Call& call : calls_) n += call.collective == c ? call.bytes : 0;
+  return n;
+}
+
+}  // namespace ferry

@@ -1,0 +1,117 @@
+#pragma once
+
+// A group of ranks that run collectives together, and the one place that
+// knows torch.distributed's C++ engine (c10d), whose API differs between
+// LibTorch 1.13 and 2.x: Gloo on the CPU and the simulated device, NCCL on
+// GPUs, with ranks meeting through a c10d store (TCPStore across processes,
+// the same rendezvous torchrun uses; HashStore for ranks as threads in one
+// process, as tests run them).
+//
+// Collectives run inside autograd functions, where no Status can be
+// returned: a failed or timed-out collective throws CollectiveException,
+// whose message names the group, the rank and the collective.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ferry {
+
+class CollectiveException : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Collective { kAllReduce, kAllGather, kBroadcast, kBarrier };
+enum class ReduceOp { kSum, kMax };
+const char* CollectiveName(Collective c);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // "tensor", "data", "world": what the group is for, for messages.
+  virtual const std::string& name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Reduces `t` over the group (sum by default), in place.
+  virtual void AllReduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
+  // Every rank's `t`, concatenated along `dim` in rank order.
+  virtual at::Tensor AllGather(const at::Tensor& t, int64_t dim) = 0;
+  // `t` from `root` to every rank, in place.
+  virtual void Broadcast(at::Tensor& t, int root) = 0;
+  virtual void Barrier() = 0;
+};
+
+// A store shared by ranks that are threads of one process.
+c10::intrusive_ptr<c10d::Store> MakeInProcessStore();
+
+// The store rank 0 hosts at host:port and the others connect to; waits up
+// to `timeout` for all `world_size` ranks.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeTcpStore(const std::string& host, uint16_t port,
+                                                            int rank, int world_size,
+                                                            std::chrono::milliseconds timeout);
+
+// Keys under `prefix` of `store`: one namespace per job and per group.
+c10::intrusive_ptr<c10d::Store> PrefixedStore(const std::string& prefix, c10::intrusive_ptr<c10d::Store> store);
+
+struct CommunicatorOptions {
+  // For messages: what the group is for.
+  std::string name = "world";
+  // A collective that has not finished by then fails the job.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Gloo: the address to bind; empty lets Gloo resolve this host's name
+  // (falling back to loopback). Across machines, the address other ranks
+  // reach this one at.
+  std::string gloo_hostname = "127.0.0.1";
+};
+
+// Joins the group of `size` ranks meeting in `store` as `rank`. Gloo for CPU
+// tensors (the only backend of a CPU LibTorch).
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                                                                     int rank, int size,
+                                                                     const CommunicatorOptions& options);
+
+// A group of one: every collective is the identity, nothing is sent.
+std::unique_ptr<Communicator> MakeSoloCommunicator(const std::string& name);
+
+// Counts the collectives another communicator runs, and their bytes: what
+// the tests check a layer's communication against.
+class CountingCommunicator : public Communicator {
+ public:
+  struct Call {
+    Collective collective;
+    uint64_t bytes;  // of this rank's input
+  };
+
+  // `inner` must outlive this.
+  explicit CountingCommunicator(Communicator* inner) : inner_(inner) {}
+
+  const std::string& name() const override { return inner_->name(); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void AllReduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) override;
+  at::Tensor AllGather(const at::Tensor& t, int64_t dim) override;
+  void Broadcast(at::Tensor& t, int root) override;
+  void Barrier() override;
+
+  const std::vector<Call>& calls() const { return calls_; }
+  int Count(Collective c) const;
+  uint64_t Bytes(Collective c) const;
+  void Reset() { calls_.clear(); }
+
+ private:
+  Communicator* inner_;
+  std::vector<Call> calls_;
+};
+
+}  // namespace ferry

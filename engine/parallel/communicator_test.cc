@@ -1,0 +1,89 @@
+#include "engine/parallel/communicator.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <string>
+
+#include "engine/parallel/rank_threads.h"
+
+namespace ferry {
+namespace {
+
+TEST(CommunicatorTest, CollectivesOverGloo) {
+  RunRanks(3, [](int rank, Communicator* comm) {
+    EXPECT_EQ(comm->rank(), rank);
+    EXPECT_EQ(comm->size(), 3);
+    at::Tensor t = at::full({4}, float(rank + 1));
+    comm->AllReduce(t);
+    EXPECT_TRUE(at::equal(t, at::full({4}, 6.0f)));
+    at::Tensor m = at::full({2}, float(rank));
+    comm->AllReduce(m, ReduceOp::kMax);
+    EXPECT_TRUE(at::equal(m, at::full({2}, 2.0f)));
+    at::Tensor g = comm->AllGather(at::full({2, 1}, float(rank)), 1);
+    EXPECT_TRUE(at::equal(g, torch::tensor({0.0f, 1.0f, 2.0f}).repeat({2, 1})));
+    // Non-contiguous tensors are reduced in place too.
+    at::Tensor wide = at::full({3, 2}, float(rank)).t();
+    comm->AllReduce(wide);
+    EXPECT_TRUE(at::equal(wide, at::full({2, 3}, 3.0f)));
+    at::Tensor b = at::full({3}, rank == 1 ? 7.0f : 0.0f);
+    comm->Broadcast(b, 1);
+    EXPECT_TRUE(at::equal(b, at::full({3}, 7.0f)));
+    comm->Barrier();
+  });
+}
+
+TEST(CommunicatorTest, CountingCountsCallsAndBytes) {
+  RunRanks(2, [](int, Communicator* comm) {
+    CountingCommunicator counting(comm);
+    at::Tensor t = at::ones({8, 4});
+    counting.AllReduce(t);
+    counting.AllReduce(t);
+    counting.AllGather(at::ones({3}), 0);
+    EXPECT_EQ(counting.Count(Collective::kAllReduce), 2);
+    EXPECT_EQ(counting.Bytes(Collective::kAllReduce), 2u * 8 * 4 * 4);
+    EXPECT_EQ(counting.Count(Collective::kAllGather), 1);
+    EXPECT_EQ(counting.Bytes(Collective::kAllGather), 12u);
+  });
+}
+
+TEST(CommunicatorTest, AMissingRankFailsTheCollectiveWithItsName) {
+  std::atomic<bool> done{false};
+  std::string message;
+  RunRanks(
+      2,
+      [&](int rank, Communicator* comm) {
+        if (rank == 1) {
+          // Never joins the all-reduce; stays until rank 0 has given up.
+          while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        at::Tensor t = at::ones({4});
+        try {
+          comm->AllReduce(t);
+        } catch (const CollectiveException& e) {
+          message = e.what();
+        }
+        done = true;
+      },
+      std::chrono::milliseconds(500));
+  EXPECT_NE(message.find("all-reduce in the test group (rank 0 of 2) failed"), std::string::npos) << message;
+}
+
+TEST(CommunicatorTest, SoloIsTheIdentity) {
+  std::unique_ptr<Communicator> solo = MakeSoloCommunicator("tensor");
+  at::Tensor t = at::arange(4).to(at::kFloat);
+  solo->AllReduce(t);
+  EXPECT_TRUE(at::equal(t, at::arange(4).to(at::kFloat)));
+  EXPECT_TRUE(at::equal(solo->AllGather(t, 0), t));
+  EXPECT_EQ(solo->size(), 1);
+}
+
+TEST(CommunicatorTest, BadRanksAreRefused) {
+  EXPECT_EQ(CreateGlooCommunicator(MakeInProcessStore(), 2, 2, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry

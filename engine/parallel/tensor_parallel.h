@@ -1,0 +1,102 @@
+#pragma once
+
+// Megatron-style 1-D tensor parallelism over a Communicator: the layers and
+// the autograd-aware collectives between them. With T ranks in the tensor
+// group, each rank holds 1/T of every sharded weight; an MLP or attention
+// block costs one all-reduce of its output in the forward (after the
+// row-parallel layer) and one of its input's gradient in the backward
+// (before the column-parallel layer).
+//
+// A tensor group of one runs the same code with no communication, so a
+// model built from these layers is the unsharded model at T = 1.
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+
+#include "engine/parallel/communicator.h"
+
+namespace ferry {
+
+// The four region boundaries of Megatron's paper. `comm` must outlive the
+// autograd graph that uses it.
+//
+// Identity forward; all-reduce of the gradient backward ("f").
+at::Tensor CopyToTensorRegion(const at::Tensor& x, Communicator* comm);
+// All-reduce forward; identity backward ("g").
+at::Tensor ReduceFromTensorRegion(const at::Tensor& x, Communicator* comm);
+// All-gather along the last dimension forward; this rank's slice backward.
+at::Tensor GatherFromTensorRegion(const at::Tensor& x, Communicator* comm);
+// This rank's slice of the last dimension forward; all-gather backward.
+at::Tensor ScatterToTensorRegion(const at::Tensor& x, Communicator* comm);
+
+// [begin, end) of this rank's share of `n` (n must divide evenly).
+struct Shard {
+  int64_t begin;
+  int64_t end;
+  int64_t size() const { return end - begin; }
+};
+Shard ShardOf(int64_t n, const Communicator& comm);
+
+// y = x W^T + b with W's output rows split across ranks: the output is
+// split along its last dimension (or gathered, with `gather_output`).
+class ColumnParallelLinearImpl : public torch::nn::Module {
+ public:
+  ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output = false);
+  at::Tensor forward(const at::Tensor& x);
+  // Takes this rank's rows of an unsharded layer's weight [out, in] and bias.
+  void LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias);
+
+  at::Tensor weight;  // [out / T, in]
+  at::Tensor bias;    // [out / T]
+
+ private:
+  Communicator* comm_;
+  bool gather_output_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+// y = x W^T + b with W's input columns split across ranks: takes the input
+// split along its last dimension (as a column-parallel layer leaves it) and
+// all-reduces the partial products; the bias is added once, after.
+class RowParallelLinearImpl : public torch::nn::Module {
+ public:
+  RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm);
+  at::Tensor forward(const at::Tensor& x_parallel);
+  void LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias);
+
+  at::Tensor weight;  // [out, in / T]
+  at::Tensor bias;    // [out], whole on every rank
+
+ private:
+  Communicator* comm_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+// An embedding whose vocabulary rows are split across ranks: each rank looks
+// up the ids it holds, zeroes the rest, and the partial results are
+// all-reduced.
+class VocabParallelEmbeddingImpl : public torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm);
+  at::Tensor forward(const at::Tensor& ids);
+  void LoadShard(const at::Tensor& full_weight);
+  const Shard& rows() const { return rows_; }
+
+  at::Tensor weight;  // [vocab / T, dim]
+
+ private:
+  Communicator* comm_;
+  Shard rows_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// Mean cross-entropy of logits split along the vocabulary (each rank holds
+// [.., vocab / T], its `rows` of the vocabulary) against whole targets,
+// without gathering the logits: three all-reduces of one value per token
+// (max, sum of exponentials, target logit). Computed in fp32.
+at::Tensor VocabParallelCrossEntropy(const at::Tensor& local_logits, const at::Tensor& targets, Communicator* comm);
+
+}  // namespace ferry
