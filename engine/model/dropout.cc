@@ -33,6 +33,12 @@ class KeepRule {
   KeepRule(double p, uint64_t seed)
       : seed_(seed), threshold_(static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0))) {}
 
+  // Whether element `global` of the whole tensor is kept.
+  bool Keep(uint64_t global) const {
+    const uint64_t h = Mix(seed_ + (global >> 1) * 0x9E3779B97F4A7C15ull);
+    return static_cast<uint32_t>(global & 1 ? h >> 32 : h) >= threshold_;
+  }
+
   // Calls f(i, keep) for i in [2 * pair_begin, 2 * pair_end) ∩ [0, n).
   template <typename F>
   void ForPairs(int64_t pair_begin, int64_t pair_end, int64_t n, F&& f) const {
@@ -61,15 +67,47 @@ void MaskedScale(const at::Tensor& in, const at::Tensor& mask, double scale, at:
   });
 }
 
+// The keep mask of a slice of the whole tensor: `sizes` is the slice's
+// shape, which covers [offset, offset + sizes[dim]) of the whole's `whole`
+// entries along `dim`. Element by element, as the whole tensor's mask.
+at::Tensor SliceMask(const KeepRule& rule, at::IntArrayRef sizes, const DropoutSlice& slice) {
+  at::Tensor mask = at::empty(sizes, at::TensorOptions().dtype(at::kBool));
+  bool* m = mask.data_ptr<bool>();
+  int64_t inner = 1;
+  for (int64_t d = slice.dim + 1; d < static_cast<int64_t>(sizes.size()); ++d) inner *= sizes[static_cast<size_t>(d)];
+  const int64_t local = sizes[static_cast<size_t>(slice.dim)];
+  const int64_t rows = mask.numel() / std::max<int64_t>(1, inner);  // outer x local
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainPairs / std::max<int64_t>(1, inner)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r) {
+                       const int64_t outer = r / local, k = r % local;
+                       const uint64_t base =
+                           static_cast<uint64_t>((outer * slice.whole + slice.offset + k) * inner);
+                       for (int64_t j = 0; j < inner; ++j) m[r * inner + j] = rule.Keep(base + static_cast<uint64_t>(j));
+                     }
+                   });
+  return mask;
+}
+
 struct CpuDropout : public torch::autograd::Function<CpuDropout> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, double p) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, double p,
+                            int64_t slice_dim, int64_t slice_whole, int64_t slice_offset) {
     const at::Tensor x = input.contiguous();
     const int64_t n = x.numel();
     const KeepRule rule(p, DrawSeed());
     const double scale = 1.0 / (1.0 - p);
-    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kBool));
-    bool* m = mask.data_ptr<bool>();
+    at::Tensor mask;
     at::Tensor y;
+    if (slice_dim >= 0) {
+      mask = SliceMask(rule, x.sizes(), {slice_dim, slice_whole, slice_offset});
+      y = x.mul(mask.to(x.scalar_type()));
+      y.mul_(scale);
+      ctx->save_for_backward({mask});
+      ctx->saved_data["scale"] = scale;
+      return y;
+    }
+    mask = at::empty(x.sizes(), x.options().dtype(at::kBool));
+    bool* m = mask.data_ptr<bool>();
     if (x.scalar_type() == at::kFloat) {
       // Mask and output in one pass.
       y = at::empty_like(x);
@@ -106,7 +144,7 @@ struct CpuDropout : public torch::autograd::Function<CpuDropout> {
       dx = g.mul(mask.to(g.scalar_type()));
       dx.mul_(scale);
     }
-    return {dx, at::Tensor()};
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -115,7 +153,21 @@ struct CpuDropout : public torch::autograd::Function<CpuDropout> {
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
   if (!x.device().is_cpu()) return at::dropout(x, p, /*train=*/true);
-  return CpuDropout::apply(x, p);
+  return CpuDropout::apply(x, p, -1, 0, 0);
+}
+
+at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const DropoutSlice& slice) {
+  if (!training || p == 0.0) return x;
+  if (slice.dim < 0 || slice.dim >= x.dim() || slice.offset < 0 || slice.offset + x.size(slice.dim) > slice.whole) {
+    throw std::invalid_argument("dropout slice does not fit the tensor");
+  }
+  if (!x.device().is_cpu()) {
+    // The mask is made on the CPU, where the hash is, and moved: slower than
+    // the device's own dropout, but the same mask as the whole tensor's.
+    const at::Tensor mask = SliceMask(KeepRule(p, DrawSeed()), x.sizes(), slice).to(x.device());
+    return x * mask.to(x.scalar_type()) * (1.0 / (1.0 - p));
+  }
+  return CpuDropout::apply(x, p, slice.dim, slice.whole, slice.offset);
 }
 
 DropoutImpl::DropoutImpl(double p) : p_(p) {

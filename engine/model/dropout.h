@@ -22,12 +22,29 @@ namespace ferry {
 // `x` when not training or p == 0; differentiable.
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training);
 
+// Where a tensor sits in a larger one it is a slice of: entries
+// [offset, offset + x.size(dim)) of the whole's `whole` along `dim`.
+struct DropoutSlice {
+  int64_t dim;
+  int64_t whole;
+  int64_t offset;
+};
+
+// Dropout of a slice with the whole tensor's mask: a tensor-parallel rank
+// holding some attention heads drops exactly what the unsharded model would,
+// so training does not depend on the number of ranks. Draws one seed, as
+// ApplyDropout of the whole would.
+at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const DropoutSlice& slice);
+
 // ApplyDropout as a module: on while the module is in training mode.
 class DropoutImpl : public torch::nn::Module {
  public:
   // p in [0, 1).
   explicit DropoutImpl(double p);
   at::Tensor forward(const at::Tensor& x) { return ApplyDropout(x, p_, is_training()); }
+  at::Tensor forward(const at::Tensor& x, const DropoutSlice& slice) {
+    return ApplyDropout(x, p_, is_training(), slice);
+  }
 
  private:
   double p_;

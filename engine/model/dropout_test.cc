@@ -46,6 +46,27 @@ TEST(DropoutTest, TheGeneratorsStateReplaysTheMaskWhateverTheThreads) {
   EXPECT_FALSE(torch::equal(one, next)) << "each call draws a new mask";
 }
 
+// A slice dropped on its own gets the whole tensor's mask: what lets a
+// tensor-parallel rank drop its attention heads as the unsharded model would.
+TEST(DropoutTest, ASliceGetsTheWholeTensorsMask) {
+  torch::manual_seed(9);
+  torch::Tensor x = torch::randn({2, 4, 3, 5}) + 3;  // no zeros of its own
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const at::Tensor state = generator.get_state();
+  torch::Tensor whole = ApplyDropout(x, 0.4, true);
+  for (int64_t offset : {0, 1, 2}) {
+    generator.set_state(state);
+    torch::Tensor part = x.narrow(1, offset, 2).clone().requires_grad_(true);
+    torch::Tensor y = ApplyDropout(part, 0.4, true, DropoutSlice{1, 4, offset});
+    EXPECT_TRUE(torch::equal(y, whole.narrow(1, offset, 2))) << offset;
+    y.sum().backward();
+    EXPECT_TRUE(torch::equal(part.grad().ne(0), y.ne(0)));
+  }
+  generator.set_state(state);
+  EXPECT_TRUE(torch::equal(ApplyDropout(x, 0.4, true, DropoutSlice{0, 2, 0}), whole)) << "the whole as a slice";
+  EXPECT_THROW(ApplyDropout(x, 0.4, true, DropoutSlice{1, 4, 3}), std::invalid_argument);
+}
+
 TEST(DropoutTest, GradientIsTheMaskTimesTheScale) {
   torch::manual_seed(5);
   torch::Tensor x = torch::randn({8, 9}).requires_grad_(true);
