@@ -36,6 +36,20 @@ struct DropoutSlice {
 // ApplyDropout of the whole would.
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const DropoutSlice& slice);
 
+// Within its scope, this thread's dropout draws its seeds from `generator`
+// instead of LibTorch's default CPU generator: for ranks run as threads of
+// one process, which would otherwise share (and race on) one generator.
+class DropoutGeneratorScope {
+ public:
+  explicit DropoutGeneratorScope(at::Generator generator);
+  ~DropoutGeneratorScope();
+  DropoutGeneratorScope(const DropoutGeneratorScope&) = delete;
+  DropoutGeneratorScope& operator=(const DropoutGeneratorScope&) = delete;
+
+ private:
+  at::Generator previous_;
+};
+
 // ApplyDropout as a module: on while the module is in training mode.
 class DropoutImpl : public torch::nn::Module {
  public:

@@ -18,9 +18,44 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
 
 bool Reduced(const ComputeMode& m) { return m.dtype != at::kFloat; }
 
-torch::Tensor Dense(const torch::Tensor& x, torch::nn::Linear l, const ComputeMode& m) {
-  if (!Reduced(m) || !m.upcast) return l->forward(x);
-  return at::linear(x.to(at::kFloat), l->weight.to(at::kFloat), l->bias.to(at::kFloat)).to(m.dtype);
+// x W^T + b as the model computes it: in fp32 from reduced values when
+// upcasting. Reads the mode at each call: it changes with SetComputeMode.
+LinearFn Dense(std::shared_ptr<const ComputeMode> mode) {
+  return [mode](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    const ComputeMode& m = *mode;
+    if (!Reduced(m) || !m.upcast) return at::linear(x, w, b);
+    return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : b).to(m.dtype);
+  };
+}
+
+// Parameters split across the tensor group, by the dimension that is split
+// (0: rows, 1: columns); -1 for whole ones.
+int ShardedDim(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends_with("c_attn.weight") || ends_with("c_attn.bias") || ends_with("c_fc.weight") ||
+      ends_with("c_fc.bias") || name == "wte.weight") {
+    return 0;
+  }
+  if (ends_with("c_proj.weight")) return 1;
+  return -1;
+}
+
+// This rank's part of `full`, the whole model's value of parameter `name`.
+// c_attn's rows are [q; k; v], each split by heads.
+at::Tensor PartOf(const std::string& name, const at::Tensor& full, const Communicator& comm) {
+  const int dim = ShardedDim(name);
+  if (dim < 0 || comm.size() == 1) return full;
+  if (name.find("c_attn.") != std::string::npos) {
+    const int64_t hidden = full.size(0) / 3;
+    const Shard s = ShardOf(hidden, comm);
+    at::Tensor qkv = full.reshape({3, hidden, -1}).narrow(1, s.begin, s.size());
+    return full.dim() == 1 ? qkv.reshape({-1}) : qkv.reshape({3 * s.size(), full.size(1)});
+  }
+  const Shard s = ShardOf(full.size(dim), comm);
+  return full.narrow(dim, s.begin, s.size());
 }
 
 torch::Tensor Norm(const torch::Tensor& x, torch::nn::LayerNorm ln, const ComputeMode& m) {
@@ -39,10 +74,16 @@ torch::Tensor MatMul(const torch::Tensor& a, const torch::Tensor& b, const Compu
 }  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask,
-                                                 std::shared_ptr<const ComputeMode> mode)
-    : heads_(config.heads), mode_(std::move(mode)), causal_mask_(std::move(causal_mask)) {
-  c_attn = register_module("c_attn", torch::nn::Linear(config.hidden, 3 * config.hidden));
-  c_proj = register_module("c_proj", torch::nn::Linear(config.hidden, config.hidden));
+                                                 std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
+    : heads_(config.heads),
+      local_heads_(ShardOf(config.heads, *tensor).size()),
+      tensor_(tensor),
+      mode_(std::move(mode)),
+      causal_mask_(std::move(causal_mask)) {
+  // The q, k and v rows of this rank's heads (3 x hidden / T of them).
+  c_attn = register_module("c_attn", ColumnParallelLinear(config.hidden, 3 * config.hidden, tensor,
+                                                          /*gather_output=*/false, Dense(mode_)));
+  c_proj = register_module("c_proj", RowParallelLinear(config.hidden, config.hidden, tensor, Dense(mode_)));
   attn_dropout_ = register_module("attn_dropout", Dropout(config.dropout));
   resid_dropout_ = register_module("resid_dropout", Dropout(config.dropout));
 }
@@ -50,13 +91,13 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch:
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t batch = x.size(0);
   const int64_t time = x.size(1);
-  const int64_t hidden = x.size(2);
-  const int64_t head_dim = hidden / heads_;
+  const int64_t head_dim = x.size(2) / heads_;
+  const int64_t hidden = local_heads_ * head_dim;  // this rank's share
 
   const ComputeMode& m = *mode_;
-  std::vector<torch::Tensor> qkv = Dense(x, c_attn, m).split(hidden, /*dim=*/2);
+  std::vector<torch::Tensor> qkv = c_attn(x).split(hidden, /*dim=*/2);
   auto to_heads = [&](const torch::Tensor& t) {
-    return t.view({batch, time, heads_, head_dim}).transpose(1, 2);  // [B, nh, T, hd]
+    return t.view({batch, time, local_heads_, head_dim}).transpose(1, 2);  // [B, nh, T, hd]
   };
   torch::Tensor q = to_heads(qkv[0]);
   torch::Tensor k = to_heads(qkv[1]);
@@ -70,39 +111,45 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor bias = at::zeros({time, time}, q.options().dtype(compute))
                            .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   torch::Tensor scores =
-      at::baddbmm(bias, q.reshape({batch * heads_, time, head_dim}).to(compute),
-                  k.reshape({batch * heads_, time, head_dim}).to(compute).transpose(1, 2), /*beta=*/1.0,
+      at::baddbmm(bias, q.reshape({batch * local_heads_, time, head_dim}).to(compute),
+                  k.reshape({batch * local_heads_, time, head_dim}).to(compute).transpose(1, 2), /*beta=*/1.0,
                   /*alpha=*/1.0 / std::sqrt(double(head_dim)))
-          .view({batch, heads_, time, time});
+          .view({batch, local_heads_, time, time});
   // Softmax always in fp32.
   torch::Tensor probabilities = Reduced(m) ? scores.to(at::kFloat).softmax(-1).to(m.dtype) : scores.softmax(-1);
-  torch::Tensor weights = attn_dropout_->forward(probabilities);
+  // This rank's heads drop what the whole model's would.
+  torch::Tensor weights =
+      tensor_->size() == 1
+          ? attn_dropout_->forward(probabilities)
+          : attn_dropout_->forward(probabilities, DropoutSlice{1, heads_, ShardOf(heads_, *tensor_).begin});
   torch::Tensor y = MatMul(weights, v, m).transpose(1, 2).contiguous().view({batch, time, hidden});
-  return resid_dropout_->forward(Dense(y, c_proj, m));
+  return resid_dropout_->forward(c_proj(y));
 }
 
-MlpImpl::MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode) : mode_(std::move(mode)) {
-  c_fc = register_module("c_fc", torch::nn::Linear(config.hidden, 4 * config.hidden));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.hidden, config.hidden));
+MlpImpl::MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
+    : mode_(std::move(mode)) {
+  c_fc = register_module("c_fc", ColumnParallelLinear(config.hidden, 4 * config.hidden, tensor,
+                                                      /*gather_output=*/false, Dense(mode_)));
+  c_proj = register_module("c_proj", RowParallelLinear(4 * config.hidden, config.hidden, tensor, Dense(mode_)));
   dropout_ = register_module("dropout", Dropout(config.dropout));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   const ComputeMode& m = *mode_;
   // GPT-2 uses the tanh approximation of GELU.
-  torch::Tensor up = Dense(x, c_fc, m);
+  torch::Tensor up = c_fc(x);
   torch::Tensor hidden = Reduced(m) && m.upcast ? at::gelu(up.to(at::kFloat), "tanh").to(m.dtype)
                                                 : at::gelu(up, "tanh");
-  return dropout_->forward(Dense(hidden, c_proj, m));
+  return dropout_->forward(c_proj(hidden));
 }
 
 BlockImpl::BlockImpl(const GptConfig& config, torch::Tensor causal_mask,
-                     std::shared_ptr<const ComputeMode> mode)
+                     std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
     : mode_(mode) {
   ln_1 = register_module("ln_1", MakeLayerNorm(config.hidden));
-  attn = register_module("attn", CausalSelfAttention(config, std::move(causal_mask), mode));
+  attn = register_module("attn", CausalSelfAttention(config, std::move(causal_mask), mode, tensor));
   ln_2 = register_module("ln_2", MakeLayerNorm(config.hidden));
-  mlp = register_module("mlp", Mlp(config, mode));
+  mlp = register_module("mlp", Mlp(config, mode, tensor));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -110,8 +157,12 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return y + mlp->forward(Norm(y, ln_2, *mode_));
 }
 
-GptImpl::GptImpl(const GptConfig& config) : config_(config), mode_(std::make_shared<ComputeMode>()) {
-  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.hidden));
+GptImpl::GptImpl(const GptConfig& config, Communicator* tensor)
+    : config_(config),
+      solo_(tensor == nullptr ? MakeSoloCommunicator("tensor") : nullptr),
+      tensor_(tensor == nullptr ? solo_.get() : tensor),
+      mode_(std::make_shared<ComputeMode>()) {
+  wte = register_module("wte", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_));
   wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
   drop_ = register_module("drop", Dropout(config.dropout));
   // A buffer, not a parameter: it moves with the model and is not trained.
@@ -119,7 +170,7 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config), mode_(std::make_sha
   causal_mask_ = register_buffer(
       "causal_mask", torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config, causal_mask_, mode_));
+  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config, causal_mask_, mode_, tensor_));
   ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
 
   torch::NoGradGuard no_grad;
@@ -132,12 +183,19 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config), mode_(std::make_sha
       if (is_bias) p.zero_(); else p.fill_(1.0);
     } else if (is_bias) {
       p.zero_();
-    } else if (name.find("c_proj.weight") != std::string::npos) {
-      p.normal_(0.0, residual_std);
     } else {
-      p.normal_(0.0, 0.02);
+      // Drawn whole, in the same order on every rank, whatever the group.
+      const double std = name.find("c_proj.weight") != std::string::npos ? residual_std : 0.02;
+      std::vector<int64_t> whole = p.sizes().vec();
+      const int dim = ShardedDim(name);
+      if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
+      p.copy_(PartOf(name, at::empty(whole).normal_(0.0, std), *tensor_));
     }
   }
+}
+
+at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor) {
+  return PartOf(name, whole, tensor);
 }
 
 torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
@@ -147,7 +205,8 @@ torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
 }
 
 torch::Tensor GptImpl::Head(const torch::Tensor& x) {
-  return MatMul(Norm(x, ln_f, *mode_), wte->weight.t(), *mode_);
+  // Every rank's logits depend on the whole of x: its gradient is summed.
+  return MatMul(CopyToTensorRegion(Norm(x, ln_f, *mode_), tensor_), wte->weight.t(), *mode_);
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
@@ -160,6 +219,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor GptImpl::Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (tensor_->size() > 1) return VocabParallelCrossEntropy(logits, targets, tensor_);
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
 }

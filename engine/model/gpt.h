@@ -17,6 +17,8 @@
 
 #include "engine/model/dropout.h"
 #include "engine/model/gpt_config.h"
+#include "engine/parallel/communicator.h"
+#include "engine/parallel/tensor_parallel.h"
 
 namespace ferry {
 
@@ -35,16 +37,20 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   // `causal_mask`: lower-triangular [seq_len, seq_len] bool, true where
   // attention is allowed; shared by every block of the model, as `mode`.
+  // `tensor`: the tensor-parallel group; this rank computes heads
+  // [rank * heads / T, (rank + 1) * heads / T).
   CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask,
-                          std::shared_ptr<const ComputeMode> mode);
+                          std::shared_ptr<const ComputeMode> mode, Communicator* tensor);
   // x: [batch, time, hidden] -> [batch, time, hidden].
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_attn{nullptr};
-  torch::nn::Linear c_proj{nullptr};
+  ColumnParallelLinear c_attn{nullptr};  // this rank's heads' q, k and v rows
+  RowParallelLinear c_proj{nullptr};
 
  private:
-  int64_t heads_;
+  int64_t heads_;        // in the model
+  int64_t local_heads_;  // on this rank
+  Communicator* tensor_;
   std::shared_ptr<const ComputeMode> mode_;
   Dropout attn_dropout_{nullptr};
   Dropout resid_dropout_{nullptr};
@@ -54,11 +60,11 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode);
+  MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_fc{nullptr};
-  torch::nn::Linear c_proj{nullptr};
+  ColumnParallelLinear c_fc{nullptr};
+  RowParallelLinear c_proj{nullptr};
 
  private:
   std::shared_ptr<const ComputeMode> mode_;
@@ -69,7 +75,8 @@ TORCH_MODULE(Mlp);
 // A pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptConfig& config, torch::Tensor causal_mask, std::shared_ptr<const ComputeMode> mode);
+  BlockImpl(const GptConfig& config, torch::Tensor causal_mask, std::shared_ptr<const ComputeMode> mode,
+            Communicator* tensor);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -87,19 +94,30 @@ class GptImpl : public torch::nn::Module {
   // Parameters are initialised as GPT-2's: N(0, 0.02), residual output
   // projections scaled by 1/sqrt(2 * layers), zero biases, unit norms. Draws
   // from LibTorch's default generator: seed it first for reproducibility.
-  explicit GptImpl(const GptConfig& config);
+  //
+  // With a tensor-parallel group of T ranks (`tensor`, which must outlive
+  // the model; none is a group of one) the model is Megatron's: each rank
+  // holds 1/T of every block's attention heads and MLP and of the
+  // vocabulary (the tied embedding and output layer); layer norms and
+  // position embeddings are whole on every rank. Every rank draws the whole
+  // model's initial values and keeps its part, and attention dropout drops
+  // what the whole model would, so training is the same for every T.
+  explicit GptImpl(const GptConfig& config, Communicator* tensor = nullptr);
 
   // tokens: [batch, time] int64 with time <= seq_len -> logits
-  // [batch, time, vocab_size].
+  // [batch, time, vocab_size / T] (this rank's part of the vocabulary).
   torch::Tensor forward(const torch::Tensor& tokens);
 
   // The stages of forward(), for callers that work block by block.
   torch::Tensor Embed(const torch::Tensor& tokens);
   torch::Tensor Head(const torch::Tensor& x);
 
-  // Mean cross-entropy of logits against targets ([batch, time] int64),
-  // computed in fp32 whatever the logits' type.
-  static torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets);
+  // Mean cross-entropy of logits (as forward() returns them) against
+  // targets ([batch, time] int64), computed in fp32 whatever the logits'
+  // type; across the tensor group without gathering the logits.
+  torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+  Communicator& tensor_group() { return *tensor_; }
 
   // How to compute from now on (the weights must already be of mode.dtype).
   void SetComputeMode(const ComputeMode& mode) { *mode_ = mode; }
@@ -109,18 +127,24 @@ class GptImpl : public torch::nn::Module {
   int64_t block_count() const { return static_cast<int64_t>(h->size()); }
   BlockImpl& block(int64_t i) { return *h[i]->as<BlockImpl>(); }
 
-  torch::nn::Embedding wte{nullptr};
+  VocabParallelEmbedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
   GptConfig config_;
+  std::unique_ptr<Communicator> solo_;  // when no group was given
+  Communicator* tensor_;
   std::shared_ptr<ComputeMode> mode_;
   Dropout drop_{nullptr};
   // The one causal mask every block uses (a buffer: it moves with the model).
   torch::Tensor causal_mask_;
 };
 TORCH_MODULE(Gpt);
+
+// This rank's part of the whole model's value of parameter `name` (its
+// gradient, say): what a model built with `tensor` holds of it.
+at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor);
 
 }  // namespace ferry

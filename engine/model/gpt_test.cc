@@ -83,9 +83,10 @@ TEST(GptTest, RejectsSequencesLongerThanContext) {
 }
 
 TEST(GptTest, LossIsLogVocabAtUniformLogits) {
+  Gpt model(SmallConfig());
   torch::Tensor logits = torch::zeros({2, 3, 50});
   torch::Tensor targets = torch::randint(0, 50, {2, 3}, torch::kLong);
-  EXPECT_NEAR(GptImpl::Loss(logits, targets).item<double>(), std::log(50.0), 1e-5);
+  EXPECT_NEAR(model->Loss(logits, targets).item<double>(), std::log(50.0), 1e-5);
 }
 
 TEST(GptTest, ReducedPrecisionComputesCloseToFp32) {
@@ -104,7 +105,7 @@ TEST(GptTest, ReducedPrecisionComputesCloseToFp32) {
     EXPECT_EQ(logits.scalar_type(), dtype) << "activations stay reduced";
     EXPECT_LT((logits.to(torch::kFloat) - reference).abs().max().item<float>(), 0.05);
     torch::Tensor targets = torch::randint(0, 50, {2, 12}, torch::kLong);
-    torch::Tensor loss = GptImpl::Loss(logits, targets);
+    torch::Tensor loss = model->Loss(logits, targets);
     EXPECT_EQ(loss.scalar_type(), torch::kFloat) << "the loss is computed in fp32";
     loss.backward();
     for (const auto& item : model->named_parameters()) {
@@ -119,7 +120,7 @@ TEST(GptTest, GradientsReachEveryParameter) {
   Gpt model(config);
   torch::Tensor tokens = torch::randint(0, 50, {2, 8}, torch::kLong);
   torch::Tensor targets = torch::randint(0, 50, {2, 8}, torch::kLong);
-  GptImpl::Loss(model->forward(tokens), targets).backward();
+  model->Loss(model->forward(tokens), targets).backward();
   for (const auto& item : model->named_parameters()) {
     ASSERT_TRUE(item.value().grad().defined()) << item.key();
   }

@@ -104,6 +104,11 @@ struct ParallelCrossEntropy : public torch::autograd::Function<ParallelCrossEntr
   }
 };
 
+LinearFn OrDefault(LinearFn linear) {
+  if (linear) return linear;
+  return [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return at::linear(x, w, b); };
+}
+
 }  // namespace
 
 at::Tensor CopyToTensorRegion(const at::Tensor& x, Communicator* comm) {
@@ -128,15 +133,17 @@ Shard ShardOf(int64_t n, const Communicator& comm) {
   return {comm.rank() * each, (comm.rank() + 1) * each};
 }
 
-ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output)
-    : comm_(comm), gather_output_(gather_output) {
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output,
+                                                   LinearFn linear)
+    : comm_(comm), gather_output_(gather_output), linear_(OrDefault(std::move(linear))) {
   const Shard rows = ShardOf(out, *comm);
-  weight = register_parameter("weight", at::empty({rows.size(), in}).normal_(0.0, 0.02));
+  weight = register_parameter("weight", at::zeros({rows.size(), in}));
   bias = register_parameter("bias", at::zeros({rows.size()}));
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = at::linear(CopyToTensorRegion(x, comm_), weight, bias);
+  at::Tensor y = linear_(CopyToTensorRegion(x, comm_), weight, bias);
   return gather_output_ ? GatherFromTensorRegion(y, comm_) : y;
 }
 
@@ -147,14 +154,16 @@ void ColumnParallelLinearImpl::LoadShard(const at::Tensor& full_weight, const at
   bias.copy_(full_bias.narrow(0, rows.begin, rows.size()));
 }
 
-RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm) : comm_(comm) {
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, LinearFn linear)
+    : comm_(comm), linear_(OrDefault(std::move(linear))) {
   const Shard columns = ShardOf(in, *comm);
-  weight = register_parameter("weight", at::empty({out, columns.size()}).normal_(0.0, 0.02));
+  weight = register_parameter("weight", at::zeros({out, columns.size()}));
   bias = register_parameter("bias", at::zeros({out}));
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x_parallel) {
-  return ReduceFromTensorRegion(at::linear(x_parallel, weight), comm_) + bias;
+  if (comm_->size() == 1) return linear_(x_parallel, weight, bias);
+  return ReduceFromTensorRegion(linear_(x_parallel, weight, at::Tensor()), comm_) + bias;
 }
 
 void RowParallelLinearImpl::LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias) {
@@ -166,7 +175,7 @@ void RowParallelLinearImpl::LoadShard(const at::Tensor& full_weight, const at::T
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm)
     : comm_(comm), rows_(ShardOf(vocab, *comm)) {
-  weight = register_parameter("weight", at::empty({rows_.size(), dim}).normal_(0.0, 0.02));
+  weight = register_parameter("weight", at::zeros({rows_.size(), dim}));
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {

@@ -9,12 +9,17 @@
 //
 // A tensor group of one runs the same code with no communication, so a
 // model built from these layers is the unsharded model at T = 1.
+//
+// Weights start at zero: the model that owns a layer draws its values (so
+// that every rank can draw the whole model's and keep its part), or
+// LoadShard takes them from an unsharded layer.
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "engine/parallel/communicator.h"
 
@@ -32,6 +37,10 @@ at::Tensor GatherFromTensorRegion(const at::Tensor& x, Communicator* comm);
 // This rank's slice of the last dimension forward; all-gather backward.
 at::Tensor ScatterToTensorRegion(const at::Tensor& x, Communicator* comm);
 
+// How a layer computes x W^T + b (b may be undefined): at::linear unless a
+// model computes otherwise (e.g. in fp32 from reduced-precision weights).
+using LinearFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)>;
+
 // [begin, end) of this rank's share of `n` (n must divide evenly).
 struct Shard {
   int64_t begin;
@@ -44,7 +53,8 @@ Shard ShardOf(int64_t n, const Communicator& comm);
 // split along its last dimension (or gathered, with `gather_output`).
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
-  ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output = false);
+  ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output = false,
+                           LinearFn linear = nullptr);
   at::Tensor forward(const at::Tensor& x);
   // Takes this rank's rows of an unsharded layer's weight [out, in] and bias.
   void LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias);
@@ -55,15 +65,17 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
  private:
   Communicator* comm_;
   bool gather_output_;
+  LinearFn linear_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
 // y = x W^T + b with W's input columns split across ranks: takes the input
 // split along its last dimension (as a column-parallel layer leaves it) and
-// all-reduces the partial products; the bias is added once, after.
+// all-reduces the partial products; the bias is added once, after (with one
+// rank, it is the plain layer).
 class RowParallelLinearImpl : public torch::nn::Module {
  public:
-  RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm);
+  RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, LinearFn linear = nullptr);
   at::Tensor forward(const at::Tensor& x_parallel);
   void LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias);
 
@@ -72,6 +84,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
 
  private:
   Communicator* comm_;
+  LinearFn linear_;
 };
 TORCH_MODULE(RowParallelLinear);
 

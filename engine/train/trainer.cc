@@ -73,7 +73,7 @@ class PlainEngine : public StepEngine {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     optimizer_->zero_grad();
-    torch::Tensor l = GptImpl::Loss(model_->forward(inputs), targets);
+    torch::Tensor l = model_->Loss(model_->forward(inputs), targets);
     l.backward();
     *grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
     optimizer_->step();
@@ -139,7 +139,7 @@ class ChunkedEngine : public StepEngine {
     }
     torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
                                          [&](const torch::Tensor& t) {
-                                           return GptImpl::Loss(gpt.Head(t), targets);
+                                           return gpt.Loss(gpt.Head(t), targets);
                                          });
     *loss = l.item<double>();
     (scale != 1.0 ? l * scale : l).backward();
