@@ -2,7 +2,6 @@
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <ATen/ATen.h>
 
@@ -15,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/cpu_generator.h"
 #include "engine/common/torch_status.h"
 #include "engine/memory/eviction.h"
 #include "engine/memory/simulated_device.h"
@@ -61,7 +61,7 @@ struct RngState {
 
 RngState SaveRng(const c10::Device& device) {
   RngState s;
-  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  at::Generator cpu = CpuGenerator();
   {
     std::lock_guard<std::mutex> lock(cpu.mutex());
     s.cpu = cpu.get_state();
@@ -75,7 +75,7 @@ RngState SaveRng(const c10::Device& device) {
 }
 
 void RestoreRng(const c10::Device& device, const RngState& s) {
-  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  at::Generator cpu = CpuGenerator();
   {
     std::lock_guard<std::mutex> lock(cpu.mutex());
     cpu.set_state(s.cpu);

@@ -1,5 +1,7 @@
 #include "engine/model/dropout.h"
 
+#include "engine/common/cpu_generator.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -19,10 +21,8 @@ inline uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-thread_local at::Generator t_generator;  // undefined: the default one
-
 uint64_t DrawSeed() {
-  at::Generator g = t_generator.defined() ? t_generator : at::detail::getDefaultCPUGenerator();
+  at::Generator g = CpuGenerator();
   std::lock_guard<std::mutex> lock(g.mutex());
   return g.get<at::CPUGeneratorImpl>()->random64();
 }
@@ -171,11 +171,6 @@ at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const Drop
   }
   return CpuDropout::apply(x, p, slice.dim, slice.whole, slice.offset);
 }
-
-DropoutGeneratorScope::DropoutGeneratorScope(at::Generator generator) : previous_(t_generator) {
-  t_generator = std::move(generator);
-}
-DropoutGeneratorScope::~DropoutGeneratorScope() { t_generator = previous_; }
 
 DropoutImpl::DropoutImpl(double p) : p_(p) {
   if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("dropout probability must be in [0, 1)");

@@ -10,7 +10,8 @@
 // wide as the activations; in a GPT block it cost as much as the rest of the
 // forward. On other devices LibTorch's own (fused) dropout runs.
 //
-// Either way the masks depend only on the default generators' state, so
+// Either way the masks depend only on the generators' state (the CPU one
+// is CpuGenerator(): LibTorch's default unless a scope names another), so
 // restoring that state replays them: activation recomputation relies on it.
 
 #include <ATen/ATen.h>
@@ -35,20 +36,6 @@ struct DropoutSlice {
 // so training does not depend on the number of ranks. Draws one seed, as
 // ApplyDropout of the whole would.
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const DropoutSlice& slice);
-
-// Within its scope, this thread's dropout draws its seeds from `generator`
-// instead of LibTorch's default CPU generator: for ranks run as threads of
-// one process, which would otherwise share (and race on) one generator.
-class DropoutGeneratorScope {
- public:
-  explicit DropoutGeneratorScope(at::Generator generator);
-  ~DropoutGeneratorScope();
-  DropoutGeneratorScope(const DropoutGeneratorScope&) = delete;
-  DropoutGeneratorScope& operator=(const DropoutGeneratorScope&) = delete;
-
- private:
-  at::Generator previous_;
-};
 
 // ApplyDropout as a module: on while the module is in training mode.
 class DropoutImpl : public torch::nn::Module {

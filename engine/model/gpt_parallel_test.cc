@@ -6,6 +6,7 @@
 
 #include <mutex>
 
+#include "engine/common/cpu_generator.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/rank_threads.h"
 
@@ -40,7 +41,7 @@ Whole RunWhole() {
   w.targets = torch::randint(Config().vocab_size, {2, Config().seq_len});
   torch::manual_seed(kInitSeed);
   Gpt model(Config());
-  DropoutGeneratorScope dropout(at::make_generator<at::CPUGeneratorImpl>(kDropoutSeed));
+  CpuGeneratorScope dropout(at::make_generator<at::CPUGeneratorImpl>(kDropoutSeed));
   w.logits = model->forward(w.tokens);
   torch::Tensor loss = model->Loss(w.logits, w.targets);
   loss.backward();
@@ -67,7 +68,7 @@ TEST(GptParallelTest, ShardedModelComputesTheWholeOne) {
         torch::manual_seed(kInitSeed);
         model = Gpt(Config(), comm);
       }
-      DropoutGeneratorScope dropout(at::make_generator<at::CPUGeneratorImpl>(kDropoutSeed));
+      CpuGeneratorScope dropout(at::make_generator<at::CPUGeneratorImpl>(kDropoutSeed));
       torch::Tensor logits = model->forward(whole.tokens);
       const int64_t part = Config().vocab_size / tensor;
       EXPECT_TRUE(Close(logits, whole.logits.narrow(2, rank * part, part)));
