@@ -191,6 +191,7 @@ struct ChunkManager::ManagedTensor {
   TensorState state = TensorState::kFree;
   int backward_uses = 0;
   int uses_left = 0;
+  bool replicated = true;
 };
 
 ChunkManager::ChunkManager(MemoryDevice* device, MemoryOptions options, OptimizerOptions optimizer)
@@ -200,9 +201,10 @@ ChunkManager::~ChunkManager() = default;
 
 absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     MemoryDevice* device, std::vector<ManagedParam> params, std::vector<StageParams> stages,
-    const MemoryOptions& options, const OptimizerOptions& optimizer) {
+    const MemoryOptions& options, const OptimizerOptions& optimizer, ManagerGroups parallel) {
   if (params.empty() || stages.empty()) return absl::InvalidArgumentError("no parameters to manage");
   std::unique_ptr<ChunkManager> m(new ChunkManager(device, options, optimizer));
+  m->groups_ = parallel;
   std::vector<int64_t> numels;
   for (const ManagedParam& p : params) numels.push_back(p.tensor.numel());
   // A tensor's group is the first stage using it: chunks follow stages.
@@ -252,6 +254,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     t.chunk = slot.chunk;
     t.offset = slot.offset;
     t.numel = slot.numel;
+    t.replicated = params[i].replicated;
     Chunk& chunk = m->chunks_[static_cast<size_t>(slot.chunk)];
     chunk.tensors.push_back(static_cast<int>(i));
     if (params[i].decay) chunk.decay.push_back({slot.offset, slot.numel});
@@ -618,11 +621,30 @@ void ChunkManager::PostBackward(int stage) {
 
 void ChunkManager::Reduce(Chunk& chunk) {
   Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+  at::Tensor grads = g.device.narrow(0, 0, chunk.used);
+  if (groups_.data != nullptr && groups_.data->size() > 1) {
+    // The mean over the data ranks' shares of the batch.
+    groups_.data->AllReduce(grads);
+    grads.div_(groups_.data->size());
+  }
   // In fp32 whatever the gradients' type; an overflow shows as inf or NaN.
-  const double norm =
-      at::linalg_vector_norm(g.device.narrow(0, 0, chunk.used), 2, c10::nullopt, false, at::kFloat)
-          .item<double>();
-  grad_sq_sum_ += norm * norm;
+  auto sq_norm = [](const at::Tensor& t) {
+    const double n = at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat).item<double>();
+    return n * n;
+  };
+  double sq = sq_norm(grads);
+  const int tensor_ranks = groups_.tensor != nullptr ? groups_.tensor->size() : 1;
+  if (tensor_ranks > 1) {
+    // Summed over the tensor group later: a replicated tensor's share is
+    // 1/T on each rank, so that it counts once.
+    double replicated = 0;
+    for (int i : chunk.tensors) {
+      const ManagedTensor& t = tensors_[static_cast<size_t>(i)];
+      if (t.replicated) replicated += sq_norm(grads.narrow(0, t.offset, t.numel));
+    }
+    sq -= (1.0 - 1.0 / tensor_ranks) * replicated;
+  }
+  grad_sq_sum_ += sq;
   chunk.grad_reduced = true;
   if (plan_applied_ && chunk.device_homed()) return;
   // The optimizer states are on the host: so go the gradients.
@@ -875,6 +897,11 @@ void ChunkManager::UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHype
 OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_grad_norm, double loss_scale) {
   const int period = OptimizerPeriod();
   BeginPeriod(period, Needed(period));
+  if (groups_.tensor != nullptr && groups_.tensor->size() > 1) {
+    at::Tensor sum = at::full({1}, grad_sq_sum_, at::kDouble);
+    groups_.tensor->AllReduce(sum);
+    grad_sq_sum_ = sum.item<double>();
+  }
   OptimizerResult result;
   if (!std::isfinite(grad_sq_sum_)) {
     // Overflow: drop this step's gradients and leave every weight and state

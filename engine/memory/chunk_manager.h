@@ -41,6 +41,7 @@
 #include "engine/memory/tensor_state.h"
 #include "engine/optim/cpu_adam.h"
 #include "engine/optim/flat_adamw.h"
+#include "engine/parallel/communicator.h"
 
 namespace ferry {
 
@@ -50,6 +51,20 @@ struct ManagedParam {
   at::Tensor tensor;
   // Whether AdamW's weight decay applies.
   bool decay = true;
+  // Whole (and so with the same gradient) on every rank of the tensor
+  // group; false for a tensor-parallel shard.
+  bool replicated = true;
+};
+
+// The collective groups a rank trains in; null is a group of one. Both
+// must outlive the manager.
+struct ManagerGroups {
+  // Tensor parallel: the gradient norm sums the shards once and the
+  // replicated tensors once.
+  Communicator* tensor = nullptr;
+  // Data parallel: each chunk's gradients are averaged over the group as
+  // soon as the chunk's backward is complete.
+  Communicator* data = nullptr;
 };
 
 // A stage of the forward: a name and the parameters it computes with.
@@ -90,7 +105,8 @@ class ChunkManager {
                                                               std::vector<ManagedParam> params,
                                                               std::vector<StageParams> stages,
                                                               const MemoryOptions& options,
-                                                              const OptimizerOptions& optimizer);
+                                                              const OptimizerOptions& optimizer,
+                                                              ManagerGroups groups = {});
   ~ChunkManager();
 
   // Starts a step. A batch shape other than the last traced one starts a
@@ -191,6 +207,7 @@ class ChunkManager {
   SimdPath simd_;
   MemoryOptions options_;
   OptimizerOptions optimizer_;
+  ManagerGroups groups_;
   ChunkLayout layout_;
   std::vector<ManagedTensor> tensors_;
   std::vector<Chunk> chunks_;

@@ -69,46 +69,64 @@ void MaskedScale(const at::Tensor& in, const at::Tensor& mask, double scale, at:
   });
 }
 
-// The keep mask of a slice of the whole tensor: `sizes` is the slice's
-// shape, which covers [offset, offset + sizes[dim]) of the whole's `whole`
-// entries along `dim`. Element by element, as the whole tensor's mask.
+// The keep mask of a slice of the whole tensor, element by element as the
+// whole tensor's mask: each row (all dimensions but the last, which is
+// whole) starts at its place in the whole.
 at::Tensor SliceMask(const KeepRule& rule, at::IntArrayRef sizes, const DropoutSlice& slice) {
+  const int64_t dims = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> whole(sizes.begin(), sizes.end()), offset(sizes.size(), 0);
+  for (const DropoutSlice::Dim& d : slice.dims) {
+    whole[static_cast<size_t>(d.dim)] = d.whole;
+    offset[static_cast<size_t>(d.dim)] = d.offset;
+  }
   at::Tensor mask = at::empty(sizes, at::TensorOptions().dtype(at::kBool));
   bool* m = mask.data_ptr<bool>();
-  int64_t inner = 1;
-  for (int64_t d = slice.dim + 1; d < static_cast<int64_t>(sizes.size()); ++d) inner *= sizes[static_cast<size_t>(d)];
-  const int64_t local = sizes[static_cast<size_t>(slice.dim)];
-  const int64_t rows = mask.numel() / std::max<int64_t>(1, inner);  // outer x local
+  const int64_t inner = dims > 0 ? sizes[static_cast<size_t>(dims - 1)] : 1;
+  const int64_t rows = inner > 0 ? mask.numel() / inner : 0;
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrainPairs / std::max<int64_t>(1, inner)),
                    [&](int64_t begin, int64_t end) {
                      for (int64_t r = begin; r < end; ++r) {
-                       const int64_t outer = r / local, k = r % local;
-                       const uint64_t base =
-                           static_cast<uint64_t>((outer * slice.whole + slice.offset + k) * inner);
+                       // The row's index in the whole, dimension by dimension.
+                       int64_t rest = r, global_row = 0, stride = 1;
+                       for (int64_t d = dims - 2; d >= 0; --d) {
+                         const size_t i = static_cast<size_t>(d);
+                         global_row += (rest % sizes[i] + offset[i]) * stride;
+                         rest /= sizes[i];
+                         stride *= whole[i];
+                       }
+                       const uint64_t base = static_cast<uint64_t>(global_row * inner);
                        for (int64_t j = 0; j < inner; ++j) m[r * inner + j] = rule.Keep(base + static_cast<uint64_t>(j));
                      }
                    });
   return mask;
 }
 
+// x * mask * scale, differentiable in x.
+struct MaskedDropout : public torch::autograd::Function<MaskedDropout> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& mask,
+                            double scale) {
+    ctx->save_for_backward({mask});
+    ctx->saved_data["scale"] = scale;
+    at::Tensor y = x.mul(mask.to(x.scalar_type()));
+    return y.mul_(scale);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    at::Tensor g = grads[0].mul(mask.to(grads[0].scalar_type()));
+    g.mul_(ctx->saved_data["scale"].toDouble());
+    return {g, at::Tensor(), at::Tensor()};
+  }
+};
+
 struct CpuDropout : public torch::autograd::Function<CpuDropout> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, double p,
-                            int64_t slice_dim, int64_t slice_whole, int64_t slice_offset) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, double p) {
     const at::Tensor x = input.contiguous();
     const int64_t n = x.numel();
     const KeepRule rule(p, DrawSeed());
     const double scale = 1.0 / (1.0 - p);
-    at::Tensor mask;
+    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kBool));
     at::Tensor y;
-    if (slice_dim >= 0) {
-      mask = SliceMask(rule, x.sizes(), {slice_dim, slice_whole, slice_offset});
-      y = x.mul(mask.to(x.scalar_type()));
-      y.mul_(scale);
-      ctx->save_for_backward({mask});
-      ctx->saved_data["scale"] = scale;
-      return y;
-    }
-    mask = at::empty(x.sizes(), x.options().dtype(at::kBool));
     bool* m = mask.data_ptr<bool>();
     if (x.scalar_type() == at::kFloat) {
       // Mask and output in one pass.
@@ -146,7 +164,7 @@ struct CpuDropout : public torch::autograd::Function<CpuDropout> {
       dx = g.mul(mask.to(g.scalar_type()));
       dx.mul_(scale);
     }
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, at::Tensor()};
   }
 };
 
@@ -155,21 +173,21 @@ struct CpuDropout : public torch::autograd::Function<CpuDropout> {
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
   if (!x.device().is_cpu()) return at::dropout(x, p, /*train=*/true);
-  return CpuDropout::apply(x, p, -1, 0, 0);
+  return CpuDropout::apply(x, p);
 }
 
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const DropoutSlice& slice) {
+  if (slice.dims.empty()) return ApplyDropout(x, p, training);
   if (!training || p == 0.0) return x;
-  if (slice.dim < 0 || slice.dim >= x.dim() || slice.offset < 0 || slice.offset + x.size(slice.dim) > slice.whole) {
-    throw std::invalid_argument("dropout slice does not fit the tensor");
+  for (const DropoutSlice::Dim& d : slice.dims) {
+    if (d.dim < 0 || d.dim >= x.dim() - 1 || d.offset < 0 || d.offset + x.size(d.dim) > d.whole) {
+      throw std::invalid_argument("dropout slice does not fit the tensor");
+    }
   }
-  if (!x.device().is_cpu()) {
-    // The mask is made on the CPU, where the hash is, and moved: slower than
-    // the device's own dropout, but the same mask as the whole tensor's.
-    const at::Tensor mask = SliceMask(KeepRule(p, DrawSeed()), x.sizes(), slice).to(x.device());
-    return x * mask.to(x.scalar_type()) * (1.0 / (1.0 - p));
-  }
-  return CpuDropout::apply(x, p, slice.dim, slice.whole, slice.offset);
+  // On a GPU the mask is made on the CPU, where the hash is, and moved:
+  // slower than the device's own dropout, but the whole tensor's mask.
+  const at::Tensor mask = SliceMask(KeepRule(p, DrawSeed()), x.sizes(), slice).to(x.device());
+  return MaskedDropout::apply(x, mask, 1.0 / (1.0 - p));
 }
 
 DropoutImpl::DropoutImpl(double p) : p_(p) {

@@ -18,23 +18,37 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <vector>
+
 namespace ferry {
 
 // `x` when not training or p == 0; differentiable.
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training);
 
-// Where a tensor sits in a larger one it is a slice of: entries
-// [offset, offset + x.size(dim)) of the whole's `whole` along `dim`.
+// Where a tensor sits in a larger one it is a slice of: along each listed
+// dimension (never the last), entries [offset, offset + x.size(dim)) of the
+// whole's `whole`. No dimensions: the tensor is the whole.
 struct DropoutSlice {
-  int64_t dim;
-  int64_t whole;
-  int64_t offset;
+  struct Dim {
+    int64_t dim;
+    int64_t whole;
+    int64_t offset;
+  };
+  std::vector<Dim> dims;
+
+  // This slice, further sliced along `dim`.
+  DropoutSlice Along(int64_t dim, int64_t whole, int64_t offset) const {
+    DropoutSlice s = *this;
+    s.dims.push_back({dim, whole, offset});
+    return s;
+  }
 };
 
 // Dropout of a slice with the whole tensor's mask: a tensor-parallel rank
-// holding some attention heads drops exactly what the unsharded model would,
-// so training does not depend on the number of ranks. Draws one seed, as
-// ApplyDropout of the whole would.
+// holding some attention heads, or a data-parallel rank holding some rows of
+// the batch, drops exactly what one rank with the whole would, so training
+// does not depend on the number of ranks. Draws one seed, as ApplyDropout
+// of the whole would.
 at::Tensor ApplyDropout(const at::Tensor& x, double p, bool training, const DropoutSlice& slice);
 
 // ApplyDropout as a module: on while the module is in training mode.

@@ -57,14 +57,20 @@ TEST(DropoutTest, ASliceGetsTheWholeTensorsMask) {
   for (int64_t offset : {0, 1, 2}) {
     generator.set_state(state);
     torch::Tensor part = x.narrow(1, offset, 2).clone().requires_grad_(true);
-    torch::Tensor y = ApplyDropout(part, 0.4, true, DropoutSlice{1, 4, offset});
+    torch::Tensor y = ApplyDropout(part, 0.4, true, DropoutSlice().Along(1, 4, offset));
     EXPECT_TRUE(torch::equal(y, whole.narrow(1, offset, 2))) << offset;
     y.sum().backward();
     EXPECT_TRUE(torch::equal(part.grad().ne(0), y.ne(0)));
   }
   generator.set_state(state);
-  EXPECT_TRUE(torch::equal(ApplyDropout(x, 0.4, true, DropoutSlice{0, 2, 0}), whole)) << "the whole as a slice";
-  EXPECT_THROW(ApplyDropout(x, 0.4, true, DropoutSlice{1, 4, 3}), std::invalid_argument);
+  EXPECT_TRUE(torch::equal(ApplyDropout(x, 0.4, true, DropoutSlice().Along(0, 2, 0)), whole)) << "the whole as a slice";
+  // Two dimensions at once: some rows of the batch and some heads.
+  generator.set_state(state);
+  torch::Tensor corner = ApplyDropout(x.narrow(0, 1, 1).narrow(1, 2, 2), 0.4, true,
+                                      DropoutSlice().Along(0, 2, 1).Along(1, 4, 2));
+  EXPECT_TRUE(torch::equal(corner, whole.narrow(0, 1, 1).narrow(1, 2, 2)));
+  EXPECT_THROW(ApplyDropout(x, 0.4, true, DropoutSlice().Along(1, 4, 3)), std::invalid_argument);
+  EXPECT_THROW(ApplyDropout(x, 0.4, true, DropoutSlice().Along(3, 5, 0)), std::invalid_argument) << "the last dim";
 }
 
 TEST(DropoutTest, GradientIsTheMaskTimesTheScale) {

@@ -1,5 +1,7 @@
 #include "engine/model/gpt.h"
 
+#include "engine/common/cpu_generator.h"
+
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -17,6 +19,11 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
 }
 
 bool Reduced(const ComputeMode& m) { return m.dtype != at::kFloat; }
+
+// Where this rank's activations sit in the global batch's.
+DropoutSlice BatchSlice(const ComputeMode& m) {
+  return m.batch_whole > 0 ? DropoutSlice().Along(0, m.batch_whole, m.batch_offset) : DropoutSlice();
+}
 
 // x W^T + b as the model computes it: in fp32 from reduced values when
 // upcasting. Reads the mode at each call: it changes with SetComputeMode.
@@ -117,13 +124,12 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
           .view({batch, local_heads_, time, time});
   // Softmax always in fp32.
   torch::Tensor probabilities = Reduced(m) ? scores.to(at::kFloat).softmax(-1).to(m.dtype) : scores.softmax(-1);
-  // This rank's heads drop what the whole model's would.
-  torch::Tensor weights =
-      tensor_->size() == 1
-          ? attn_dropout_->forward(probabilities)
-          : attn_dropout_->forward(probabilities, DropoutSlice{1, heads_, ShardOf(heads_, *tensor_).begin});
+  // This rank's heads (and rows) drop what the whole model's would.
+  const DropoutSlice rows = BatchSlice(m);
+  torch::Tensor weights = attn_dropout_->forward(
+      probabilities, tensor_->size() == 1 ? rows : rows.Along(1, heads_, ShardOf(heads_, *tensor_).begin));
   torch::Tensor y = MatMul(weights, v, m).transpose(1, 2).contiguous().view({batch, time, hidden});
-  return resid_dropout_->forward(c_proj(y));
+  return resid_dropout_->forward(c_proj(y), rows);
 }
 
 MlpImpl::MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
@@ -140,7 +146,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   torch::Tensor up = c_fc(x);
   torch::Tensor hidden = Reduced(m) && m.upcast ? at::gelu(up.to(at::kFloat), "tanh").to(m.dtype)
                                                 : at::gelu(up, "tanh");
-  return dropout_->forward(c_proj(hidden));
+  return dropout_->forward(c_proj(hidden), BatchSlice(m));
 }
 
 BlockImpl::BlockImpl(const GptConfig& config, torch::Tensor causal_mask,
@@ -189,7 +195,7 @@ GptImpl::GptImpl(const GptConfig& config, Communicator* tensor)
       std::vector<int64_t> whole = p.sizes().vec();
       const int dim = ShardedDim(name);
       if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
-      p.copy_(PartOf(name, at::empty(whole).normal_(0.0, std), *tensor_));
+      p.copy_(PartOf(name, at::empty(whole).normal_(0.0, std, CpuGenerator()), *tensor_));
     }
   }
 }
@@ -198,10 +204,12 @@ at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, 
   return PartOf(name, whole, tensor);
 }
 
+bool IsTensorParallelShard(const std::string& name) { return ShardedDim(name) >= 0; }
+
 torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
   const int64_t time = tokens.size(1);
   torch::Tensor positions = torch::arange(time, tokens.options().dtype(torch::kLong));
-  return drop_->forward(wte->forward(tokens) + wpe->forward(positions));
+  return drop_->forward(wte->forward(tokens) + wpe->forward(positions), BatchSlice(*mode_));
 }
 
 torch::Tensor GptImpl::Head(const torch::Tensor& x) {

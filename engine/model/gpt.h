@@ -30,6 +30,12 @@ namespace ferry {
 struct ComputeMode {
   c10::ScalarType dtype = c10::kFloat;
   bool upcast = false;
+  // Data parallel: the batch this rank computes is rows
+  // [batch_offset, batch_offset + its size) of a global batch of
+  // `batch_whole` (0: the batch is whole), so that dropout drops what it
+  // would in the global batch.
+  int64_t batch_whole = 0;
+  int64_t batch_offset = 0;
 };
 
 // Multi-head self-attention where position t attends to positions <= t.
@@ -121,6 +127,10 @@ class GptImpl : public torch::nn::Module {
 
   // How to compute from now on (the weights must already be of mode.dtype).
   void SetComputeMode(const ComputeMode& mode) { *mode_ = mode; }
+  void SetBatchShare(int64_t whole, int64_t offset) {
+    mode_->batch_whole = whole;
+    mode_->batch_offset = offset;
+  }
   const ComputeMode& compute_mode() const { return *mode_; }
 
   const GptConfig& config() const { return config_; }
@@ -146,5 +156,9 @@ TORCH_MODULE(Gpt);
 // This rank's part of the whole model's value of parameter `name` (its
 // gradient, say): what a model built with `tensor` holds of it.
 at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor);
+
+// Whether parameter `name` is split across the tensor group (else each rank
+// holds it whole).
+bool IsTensorParallelShard(const std::string& name);
 
 }  // namespace ferry

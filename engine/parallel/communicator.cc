@@ -160,6 +160,30 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrus
   }
 }
 
+absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store> store, int world_rank,
+                                                  int tensor, int data, const CommunicatorOptions& options) {
+  if (tensor < 1 || data < 1 || world_rank < 0 || world_rank >= tensor * data) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", world_rank, " is not in a world of ", tensor, " x ", data, " ranks"));
+  }
+  const int t = world_rank % tensor;
+  const int d = world_rank / tensor;
+  ParallelGroups groups;
+  auto join = [&](const std::string& kind, int group, int rank, int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    if (size == 1) return MakeSoloCommunicator(kind);
+    CommunicatorOptions o = options;
+    o.name = kind;
+    return CreateGlooCommunicator(PrefixedStore(absl::StrCat(kind, "-", group), store), rank, size, o);
+  };
+  absl::StatusOr<std::unique_ptr<Communicator>> tensor_group = join("tensor", d, t, tensor);
+  if (!tensor_group.ok()) return tensor_group.status();
+  absl::StatusOr<std::unique_ptr<Communicator>> data_group = join("data", t, d, data);
+  if (!data_group.ok()) return data_group.status();
+  groups.tensor = std::move(*tensor_group);
+  groups.data = std::move(*data_group);
+  return groups;
+}
+
 void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {
   calls_.push_back({Collective::kAllReduce, static_cast<uint64_t>(t.numel() * t.element_size())});
   inner_->AllReduce(t, op);

@@ -84,6 +84,18 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrus
 // A group of one: every collective is the identity, nothing is sent.
 std::unique_ptr<Communicator> MakeSoloCommunicator(const std::string& name);
 
+// A rank's groups in a world of tensor x data ranks: world rank
+// w = d * tensor + t is tensor rank t of data group member d. Its tensor
+// group is the `tensor` ranks with its d, its data group the `data` ranks
+// with its t; a group of one is solo (no backend). `store` is shared by the
+// world; each group meets under its own prefix of it.
+struct ParallelGroups {
+  std::unique_ptr<Communicator> tensor;
+  std::unique_ptr<Communicator> data;
+};
+absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store> store, int world_rank,
+                                                  int tensor, int data, const CommunicatorOptions& options);
+
 // Counts the collectives another communicator runs, and their bytes: what
 // the tests check a layer's communication against.
 class CountingCommunicator : public Communicator {

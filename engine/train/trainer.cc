@@ -1,5 +1,6 @@
 #include "engine/train/trainer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/cpu_generator.h"
 #include "engine/common/host_info.h"
 #include "engine/common/status_macros.h"
 #include "engine/common/torch_status.h"
@@ -118,8 +120,8 @@ class ChunkedEngine : public StepEngine {
  public:
   static absl::StatusOr<std::unique_ptr<ChunkedEngine>> Create(Gpt model, const TrainOptions& train,
                                                                MemoryOptions memory, MemoryDevice* device,
-                                                               TrainingObserver* observer) {
-    std::unique_ptr<ChunkedEngine> e(new ChunkedEngine(std::move(model), train, device, observer));
+                                                               ManagerGroups groups, TrainingObserver* observer) {
+    std::unique_ptr<ChunkedEngine> e(new ChunkedEngine(std::move(model), train, device, groups, observer));
     RETURN_IF_ERROR(e->Init(std::move(memory)));
     return e;
   }
@@ -142,6 +144,12 @@ class ChunkedEngine : public StepEngine {
                                            return gpt.Loss(gpt.Head(t), targets);
                                          });
     *loss = l.item<double>();
+    if (groups_.data != nullptr && groups_.data->size() > 1) {
+      // The global batch's loss: the mean of the data ranks' shares.
+      at::Tensor sum = at::full({1}, *loss, at::kDouble);
+      groups_.data->AllReduce(sum);
+      *loss = sum.item<double>() / groups_.data->size();
+    }
     (scale != 1.0 ? l * scale : l).backward();
     l = torch::Tensor();
     x = torch::Tensor();
@@ -182,8 +190,9 @@ class ChunkedEngine : public StepEngine {
   }
 
  private:
-  ChunkedEngine(Gpt model, const TrainOptions& train, MemoryDevice* device, TrainingObserver* observer)
-      : model_(std::move(model)), train_(train), device_(device), observer_(observer) {}
+  ChunkedEngine(Gpt model, const TrainOptions& train, MemoryDevice* device, ManagerGroups groups,
+                TrainingObserver* observer)
+      : model_(std::move(model)), train_(train), device_(device), groups_(groups), observer_(observer) {}
 
   absl::Status Init(MemoryOptions memory) {
     // Buffers (the causal mask) live on the device; parameters go to chunks.
@@ -194,7 +203,7 @@ class ChunkedEngine : public StepEngine {
     std::map<std::string, int> index;
     for (const auto& item : model_->named_parameters()) {
       index[item.key()] = static_cast<int>(params.size());
-      params.push_back({item.key(), item.value(), Decays(item.value())});
+      params.push_back({item.key(), item.value(), Decays(item.value()), !IsTensorParallelShard(item.key())});
     }
     auto of = [&](std::initializer_list<const char*> names) {
       std::vector<int> ids;
@@ -235,9 +244,12 @@ class ChunkedEngine : public StepEngine {
     }
     // Reduced-precision matrix products run natively where the device has
     // fast kernels for them; the CPU computes them in fp32.
-    model_->SetComputeMode({optimizer.param_dtype, device_->compute_device().is_cpu()});
+    ComputeMode mode = model_->compute_mode();
+    mode.dtype = optimizer.param_dtype;
+    mode.upcast = device_->compute_device().is_cpu();
+    model_->SetComputeMode(mode);
     ASSIGN_OR_RETURN(manager_, ChunkManager::Create(device_, std::move(params), std::move(stages),
-                                                    memory, optimizer));
+                                                    memory, optimizer, groups_));
     const ChunkLayout& layout = manager_->layout();
     observer_->OnLog(LogLevel::kInfo,
                      absl::StrFormat("memory: %d chunks of %d elements (%.2f%% unused), %s policy on %s "
@@ -251,6 +263,7 @@ class ChunkedEngine : public StepEngine {
   Gpt model_;
   TrainOptions train_;
   MemoryDevice* device_;
+  ManagerGroups groups_;
   TrainingObserver* observer_;
   std::unique_ptr<ChunkManager> manager_;
   StepMemoryStats stats_;
@@ -280,23 +293,39 @@ absl::Status Trainer::RunSteps() {
   if (engine_.device == nullptr) return absl::InvalidArgumentError("Trainer: no device");
   MemoryDevice* device = engine_.device;
   if (options_.threads > 0) torch::set_num_threads(options_.threads);
+  // The device's generators, and this trainer's own CPU one (initial
+  // values, dropout): ranks run as threads of one process each have theirs.
   torch::manual_seed(options_.seed);
+  CpuGeneratorScope generator(at::make_generator<at::CPUGeneratorImpl>(options_.seed));
+  const int tensor_ranks = engine_.tensor != nullptr ? engine_.tensor->size() : 1;
+  const int data_ranks = engine_.data != nullptr ? engine_.data->size() : 1;
+  if (options_.batch_size % data_ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", options_.batch_size,
+                                                   " does not split across ", data_ranks,
+                                                   " data-parallel ranks; use a multiple of ", data_ranks));
+  }
 
   // The model is built (and initialised) on the CPU as host memory, the same
   // way whatever the device, so every placement starts from the same values.
   Gpt model(nullptr);
   {
     HostAllocationScope host;
-    model = Gpt(model_config_);
+    model = Gpt(model_config_, engine_.tensor);
     model->train();
+    if (data_ranks > 1) {
+      model->SetBatchShare(options_.batch_size, engine_.data->rank() * (options_.batch_size / data_ranks));
+    }
   }
   std::unique_ptr<StepEngine> engine;
   if (engine_.memory.has_value()) {
     ASSIGN_OR_RETURN(engine, ChunkedEngine::Create(std::move(model), options_, *engine_.memory, device,
-                                                   observer_));
+                                                   {engine_.tensor, engine_.data}, observer_));
   } else {
     if (options_.precision != TrainOptions::Precision::kFp32) {
       return absl::InvalidArgumentError("mixed precision needs the memory manager's chunks");
+    }
+    if (tensor_ranks * data_ranks > 1) {
+      return absl::InvalidArgumentError("parallel training needs the memory manager's chunks");
     }
     engine = std::make_unique<PlainEngine>(std::move(model), options_, device);
   }
@@ -317,7 +346,11 @@ absl::Status Trainer::RunSteps() {
     double loss_value = 0, grad_norm = 0;
     const double lr = LearningRate(step, options_);
     try {
+      // Every rank sampled the same global batch; a data rank takes its rows.
+      const int64_t rows = batch / data_ranks;
+      const int64_t first = (engine_.data != nullptr ? engine_.data->rank() : 0) * rows;
       torch::Tensor windows = torch::from_blob(window_tokens.data(), {batch, time + 1}, torch::kLong)
+                                  .narrow(0, first, rows)
                                   .to(device->compute_device(), /*non_blocking=*/false, /*copy=*/true);
       RETURN_IF_ERROR(engine->Step(windows.slice(1, 0, time), windows.slice(1, 1, time + 1), lr,
                                    &loss_value, &grad_norm));

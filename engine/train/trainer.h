@@ -8,6 +8,7 @@
 #include "engine/memory/chunk_manager.h"
 #include "engine/memory/memory_device.h"
 #include "engine/model/gpt_config.h"
+#include "engine/parallel/communicator.h"
 #include "engine/train/train_options.h"
 #include "engine/train/training_observer.h"
 
@@ -20,6 +21,14 @@ struct EngineOptions {
   // the plain LibTorch loop, with the whole model on the device (the
   // baseline the manager is measured against).
   std::optional<MemoryOptions> memory = MemoryOptions();
+  // The tensor- and data-parallel groups this rank trains in (null: a
+  // group of one); they must outlive the trainer. With T tensor ranks each
+  // holds 1/T of the model (see GptImpl); with D data ranks each takes 1/D
+  // of every batch (batch_size is the global batch) and gradients are
+  // averaged. Every rank samples the same global batch, so training is the
+  // same for every T and D. Needs the memory manager.
+  Communicator* tensor = nullptr;
+  Communicator* data = nullptr;
 };
 
 // The step loop: sample a batch, forward, backward, clip, AdamW step, report.
