@@ -1,14 +1,18 @@
 // ferry-worker: one rank of one training job. Normally started by ferryd.
 //
 //   ferry-worker --spec=JOB.yaml [--device=auto]        train, print progress
+//   RANK=r WORLD_SIZE=n MASTER_ADDR=host MASTER_PORT=p ferry-worker --spec=JOB.yaml
+//                                                       one rank of a parallel job
 //   ferry-worker --probe                                print devices as JSON
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "server/worker/worker.h"
 
 ABSL_FLAG(std::string, spec, "", "Job file (YAML or JSON) to train.");
@@ -17,6 +21,26 @@ ABSL_FLAG(int, report_fd, -1,
           "(how ferryd runs workers). -1 prints progress on stdout.");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
 ABSL_FLAG(bool, probe, false, "Print the devices this build can use as JSON and exit.");
+ABSL_FLAG(int, collective_timeout_s, 300,
+          "Under a launcher: seconds to wait for the other ranks and for any collective.");
+
+namespace {
+
+// A launcher's environment variable as an int; `fallback` when unset.
+bool EnvInt(const char* name, int fallback, int* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    *out = fallback;
+    return true;
+  }
+  if (!absl::SimpleAtoi(v, out)) {
+    std::fprintf(stderr, "ferry-worker: %s=%s is not a whole number\n", name, v);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -31,5 +55,13 @@ int main(int argc, char** argv) {
   options.spec_path = absl::GetFlag(FLAGS_spec);
   options.report_fd = absl::GetFlag(FLAGS_report_fd);
   options.device = absl::GetFlag(FLAGS_device);
+  // Under a launcher (torchrun, a Kubernetes training operator): one process
+  // per rank, told its place by the environment.
+  if (!EnvInt("RANK", 0, &options.rank) || !EnvInt("WORLD_SIZE", 1, &options.world_size) ||
+      !EnvInt("LOCAL_RANK", 0, &options.local_rank) || !EnvInt("MASTER_PORT", 29500, &options.master_port)) {
+    return ferry::kWorkerBadUsage;
+  }
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') options.master_addr = addr;
+  options.collective_timeout_seconds = absl::GetFlag(FLAGS_collective_timeout_s);
   return ferry::RunWorker(options);
 }

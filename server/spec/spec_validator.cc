@@ -223,14 +223,30 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
   }
 }
 
-void CheckParallel(Problems& p, const ferry::v1::ParallelSpec& parallel) {
+void CheckParallel(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
+  const ferry::v1::ParallelSpec& parallel = spec.parallel();
   p.Range<uint32_t>("parallel.tensor", parallel.tensor(), 1, 1024);
   p.Range<uint32_t>("parallel.data", parallel.data(), 1, 1024);
-  if (parallel.tensor() > 1 || parallel.data() > 1) {
-    if (parallel.tensor() <= 1024 && parallel.data() <= 1024) {
-      p.Unimplemented("parallel: more than one rank is not supported by this release; use "
-                      "tensor: 1, data: 1");
-    }
+  if (parallel.tensor() > 1024 || parallel.data() > 1024) return;
+  const uint32_t t = parallel.tensor();
+  const ferry::v1::ModelSpec& m = spec.model();
+  // Megatron's split: whole heads and whole vocabulary rows per rank.
+  if (t > 1 && m.heads() % t != 0) {
+    p.Invalid(absl::StrCat("parallel.tensor: ", t, " ranks cannot split model.heads (", m.heads(),
+                           "); use a divisor of the head count"));
+  }
+  if (t > 1 && m.vocab_size() % t != 0) {
+    p.Invalid(absl::StrCat("parallel.tensor: ", t, " ranks cannot split model.vocab_size (", m.vocab_size(),
+                           "); pad the vocabulary to a multiple of ", t));
+  }
+  if (parallel.data() > 1 && spec.train().batch_size() % parallel.data() != 0) {
+    p.Invalid(absl::StrCat("train.batch_size: ", spec.train().batch_size(), " does not split across ",
+                           parallel.data(), " data-parallel ranks; use a multiple of ", parallel.data()));
+  }
+  if ((t > 1 || parallel.data() > 1) && !machine.multi_rank) {
+    p.Unimplemented(
+        "parallel: ferryd runs one rank per job in this release; use tensor: 1, data: 1, or run "
+        "ferry-worker once per rank under a launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)");
   }
 }
 
@@ -263,7 +279,7 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   CheckTrain(p, spec.train());
   // Memory figures only mean something for a well-formed model.
   if (model_ok) CheckMemory(p, spec, machine);
-  CheckParallel(p, spec.parallel());
+  CheckParallel(p, spec, machine);
   CheckCheckpoint(p, spec.checkpoint());
   return p.ToStatus();
 }

@@ -165,7 +165,23 @@ TEST(SpecValidatorTest, ModelsTooLargeForTheMachineAreRefused) {
 
 TEST(SpecValidatorTest, UnsupportedFeaturesAreUnimplemented) {
   ExpectProblem("data: {synthetic: {}}\nparallel: {tensor: 2}", absl::StatusCode::kUnimplemented,
-                "parallel:");
+                "parallel: ferryd runs one rank per job");
+}
+
+TEST(SpecValidatorTest, ParallelShapesUnderALauncher) {
+  MachineFacts launcher = Machine();
+  launcher.multi_rank = true;
+  auto check = [&](const std::string& yaml) { return ValidateSpec(Resolved(yaml), launcher); };
+  EXPECT_TRUE(check("data: {synthetic: {}}\nparallel: {tensor: 2, data: 2}").ok());
+  absl::Status heads = check("data: {synthetic: {}}\nmodel: {heads: 4, hidden: 128}\nparallel: {tensor: 3}");
+  EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(heads.message().find("parallel.tensor: 3 ranks cannot split model.heads (4)"), std::string::npos)
+      << heads;
+  EXPECT_NE(heads.message().find("model.vocab_size (256)"), std::string::npos) << heads;
+  absl::Status batch = check("data: {synthetic: {}}\ntrain: {batch_size: 6}\nparallel: {data: 4}");
+  EXPECT_NE(batch.message().find("train.batch_size: 6 does not split across 4 data-parallel ranks"),
+            std::string::npos)
+      << batch;
 }
 
 TEST(SpecValidatorTest, MixedPrecisionAndItsLossScale) {

@@ -8,12 +8,14 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/data/token_file_source.h"
 #include "engine/device/device.h"
 #include "engine/memory/memory_device.h"
+#include "engine/parallel/communicator.h"
 #include "engine/train/trainer.h"
 #include "ferry/internal/worker.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -39,7 +41,8 @@ void OnStopSignal(int) { g_signal_stop.store(true); }
 // Reports to the daemon over frames, or to a person on stdout.
 class Reporter : public TrainingObserver {
  public:
-  explicit Reporter(int report_fd) : report_fd_(report_fd) {}
+  // `quiet`: print no progress (a rank other than 0 under a launcher).
+  Reporter(int report_fd, bool quiet) : report_fd_(report_fd), quiet_(quiet) {}
 
   void Send(const WorkerReport& report) {
     if (report_fd_ < 0) return;
@@ -52,7 +55,7 @@ class Reporter : public TrainingObserver {
     report.mutable_started()->set_device(started.device);
     report.mutable_started()->set_parameters(static_cast<uint64_t>(started.parameters));
     Send(report);
-    if (report_fd_ < 0) {
+    if (report_fd_ < 0 && !quiet_) {
       std::printf("training %lld parameters on %s for %lld steps\n",
                   static_cast<long long>(started.parameters), started.device.c_str(),
                   static_cast<long long>(started.total_steps));
@@ -62,6 +65,8 @@ class Reporter : public TrainingObserver {
 
   void OnStep(const StepReport& r) override {
     if (report_fd_ < 0) {
+      if (quiet_) return;
+      if (r.step == r.total_steps) final_loss_ = r.loss;
       if (r.step == 1 || r.step == r.total_steps || r.step % 10 == 0) {
         std::printf("step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.3f s/step\n",
                     static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
@@ -194,6 +199,11 @@ class Reporter : public TrainingObserver {
 
   void RequestStop() { stop_.store(true); }
 
+  // Standalone: the last step's loss in full, for scripts.
+  void PrintFinal() {
+    if (report_fd_ < 0 && !quiet_) std::printf("final loss %.8f\n", final_loss_);
+  }
+
   void Finish(Finished::Outcome outcome, const std::string& error) {
     WorkerReport report;
     report.mutable_finished()->set_outcome(outcome);
@@ -203,6 +213,8 @@ class Reporter : public TrainingObserver {
 
  private:
   const int report_fd_;
+  const bool quiet_;
+  double final_loss_ = 0;
   absl::Mutex mu_;  // serialises frames on report_fd_
   std::atomic<bool> stop_{false};
   // Training thread only.
@@ -256,7 +268,12 @@ int RunWorker(const WorkerOptions& options) {
   signal(SIGPIPE, SIG_IGN);
   // Never freed: the command reader below may still be blocked reading it
   // while the process exits.
-  Reporter& reporter = *new Reporter(options.report_fd);
+  const bool launched = options.world_size > 1;
+  if (launched && options.report_fd >= 0) {
+    std::fprintf(stderr, "ferry-worker: ferryd runs one rank per job; WORLD_SIZE is for launchers\n");
+    return kWorkerBadUsage;
+  }
+  Reporter& reporter = *new Reporter(options.report_fd, /*quiet=*/options.rank != 0);
   if (options.report_fd >= 0) {
     std::thread(ReadCommands, options.command_fd, &reporter).detach();
   }
@@ -267,8 +284,24 @@ int RunWorker(const WorkerOptions& options) {
   if (!spec.ok()) return Fail(reporter, spec.status(), kWorkerBadUsage);
   MachineFacts machine;
   machine.host_memory_bytes = HostMemoryTotalBytes();
+  machine.multi_rank = options.report_fd < 0;  // standalone, under a launcher or not
   if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
     return Fail(reporter, s, kWorkerBadUsage);
+  }
+  const int tensor = static_cast<int>(spec->parallel().tensor());
+  const int data = static_cast<int>(spec->parallel().data());
+  if (tensor * data != options.world_size) {
+    return Fail(reporter,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "parallel: the job has ", tensor, " x ", data, " ranks (parallel.tensor x parallel.data) but ",
+                    "WORLD_SIZE is ", options.world_size, "; start one ferry-worker per rank")),
+                kWorkerBadUsage);
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return Fail(reporter,
+                absl::InvalidArgumentError(absl::StrCat("RANK: ", options.rank, " is not below WORLD_SIZE (",
+                                                        options.world_size, ")")),
+                kWorkerBadUsage);
   }
   absl::StatusOr<std::unique_ptr<MemoryDevice>> device =
       MakeMemoryDevice(options.device, spec->memory().device_budget());
@@ -283,11 +316,32 @@ int RunWorker(const WorkerOptions& options) {
   EngineOptions engine;
   engine.device = device->get();
   engine.memory = ToMemoryOptions(spec->memory());
+  ParallelGroups groups;
+  if (launched) {
+    const std::chrono::seconds timeout(options.collective_timeout_seconds);
+    absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =
+        MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port), options.rank,
+                     options.world_size, timeout);
+    if (!store.ok()) return Fail(reporter, store.status(), kWorkerFailed);
+    CommunicatorOptions comm;
+    comm.timeout = timeout;
+    // Gloo binds where the other ranks can reach this one: loopback when
+    // they are all on this machine, else this host's name.
+    const bool local = options.master_addr == "127.0.0.1" || options.master_addr == "localhost";
+    comm.gloo_hostname = local ? "127.0.0.1" : "";
+    absl::StatusOr<ParallelGroups> joined = JoinParallelGroups(
+        PrefixedStore(absl::StrCat("ferry/", spec->name()), *store), options.rank, tensor, data, comm);
+    if (!joined.ok()) return Fail(reporter, joined.status(), kWorkerFailed);
+    groups = std::move(*joined);
+    engine.tensor = groups.tensor.get();
+    engine.data = groups.data.get();
+  }
   Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(*source),
                   &reporter);
   const absl::Status status = trainer.Run();
   if (status.ok()) {
     reporter.Finish(Finished::OUTCOME_SUCCEEDED, "");
+    reporter.PrintFinal();
     return kWorkerSucceeded;
   }
   if (absl::IsCancelled(status)) {

@@ -19,6 +19,19 @@ struct WorkerOptions {
   int command_fd = 0;
   // "auto", "cpu", "cuda", "cuda:N".
   std::string device = "auto";
+
+  // One rank of a job of parallel.tensor x parallel.data ranks, started
+  // once per rank by a launcher (torchrun's environment: RANK, WORLD_SIZE,
+  // LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Rank 0 hosts the rendezvous
+  // store at master_addr:master_port and prints the progress.
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // How long to wait for the other ranks to arrive, and for any collective:
+  // a rank that dies or hangs fails the others after this long.
+  int collective_timeout_seconds = 300;
 };
 
 // Exit codes of ferry-worker.

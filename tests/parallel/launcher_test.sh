@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# ferry-worker under a launcher's environment, one process per rank on
+# loopback: tensor- and data-parallel runs reproduce the one-rank loss, and a
+# rank killed mid-step fails the others within the collective timeout,
+# naming the collective, with no process left behind.
+set -euo pipefail
+
+RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+WORKER="$RUNFILES/server/ferry-worker"
+WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/launcher.XXXXXX")"
+PY=/usr/bin/python3
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$WORK"/*.out; do echo "--- $f" >&2; tail -5 "$f" >&2; done; exit 1; }
+free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+
+job() {  # job FILE TENSOR DATA STEPS
+  cat >"$1" <<YAML
+name: launched
+model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32, dropout: 0.1}
+data: {synthetic: {}}
+train: {steps: $4, batch_size: 8, lr: 3.0e-3, threads: 1}
+parallel: {tensor: $2, data: $3}
+YAML
+}
+
+# run_world NAME TENSOR DATA: every rank in the background, rank 0's output
+# in NAME.0.out; prints rank 0's final loss.
+run_world() {
+  local name="$1" tensor="$2" data="$3" world=$(($2 * $3)) port pids=()
+  job "$WORK/$name.yaml" "$tensor" "$data" 12
+  port="$(free_port)"
+  for ((r = world - 1; r >= 0; r--)); do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" RANK="$r" WORLD_SIZE="$world" LOCAL_RANK="$r" \
+      "$WORKER" --spec="$WORK/$name.yaml" --collective_timeout_s=60 >"$WORK/$name.$r.out" 2>&1 &
+    pids+=($!)
+    PIDS+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || fail "a rank of $name exited $?"; done
+  sed -n 's/^final loss //p' "$WORK/$name.0.out"
+}
+
+ONE="$(run_world one 1 1)"
+[ -n "$ONE" ] || fail "no final loss from the one-rank run"
+for world in "2 1" "1 2" "2 2"; do
+  set -- $world
+  LOSS="$(run_world "t$1d$2" "$1" "$2")"
+  echo "tensor $1 data $2: final loss $LOSS (one rank: $ONE)"
+  "$PY" -c "import sys; a,b=map(float,sys.argv[1:]); assert abs(a-b) < 1e-5, (a,b)" "$LOSS" "$ONE" \
+    || fail "tensor $1 data $2 ended at $LOSS, one rank at $ONE"
+  [ -z "$(sed -n 's/^final loss //p' "$WORK/t$1d$2.1.out")" ] || fail "rank 1 printed progress"
+done
+
+# The wrong number of ranks is refused before anyone waits.
+job "$WORK/two.yaml" 2 1 12
+set +e; MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" RANK=0 WORLD_SIZE=3 "$WORKER" --spec="$WORK/two.yaml" \
+  >"$WORK/wrong.out" 2>&1; rc=$?; set -e
+[ "$rc" -eq 2 ] || fail "a world of 3 for a job of 2 ranks exited $rc"
+grep -q "WORLD_SIZE is 3" "$WORK/wrong.out" || fail "$(cat "$WORK/wrong.out")"
+
+# A rank killed mid-training: the other fails within the collective timeout.
+job "$WORK/long.yaml" 1 2 100000
+PORT="$(free_port)"
+MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" RANK=1 WORLD_SIZE=2 "$WORKER" --spec="$WORK/long.yaml" \
+  --collective_timeout_s=5 >"$WORK/victim.out" 2>&1 &
+VICTIM=$!; PIDS+=($VICTIM)
+MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" RANK=0 WORLD_SIZE=2 "$WORKER" --spec="$WORK/long.yaml" \
+  --collective_timeout_s=5 >"$WORK/survivor.out" 2>&1 &
+SURVIVOR=$!; PIDS+=($SURVIVOR)
+for _ in $(seq 1 600); do grep -q "^step 10/" "$WORK/survivor.out" && break; sleep 0.1; done
+grep -q "^step 10/" "$WORK/survivor.out" || fail "the two-rank job did not reach step 10"
+kill -9 "$VICTIM"
+START=$(date +%s)
+set +e; wait "$SURVIVOR"; rc=$?; set -e
+ELAPSED=$(($(date +%s) - START))
+echo "rank 0 exited $rc, $ELAPSED s after rank 1 was killed"
+[ "$rc" -eq 1 ] || fail "rank 0 exited $rc after its peer died"
+[ "$ELAPSED" -le 30 ] || fail "rank 0 took $ELAPSED s to notice"
+grep -q "all-reduce in the data group (rank 0 of 2) failed" "$WORK/survivor.out" \
+  || fail "the error does not name the collective: $(tail -2 "$WORK/survivor.out")"
+if kill -0 "$SURVIVOR" 2>/dev/null || kill -0 "$VICTIM" 2>/dev/null; then fail "a rank is still running"; fi
