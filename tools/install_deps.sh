@@ -14,8 +14,9 @@ PACKAGES=(
   # An optimised BLAS for LibTorch: without it Debian falls back to the
   # reference BLAS, 20x slower at matrix products.
   libopenblas0-openmp
-  # Tests and tools: the Python client stubs, curl for scraping /metrics.
-  python3 python3-grpcio python3-protobuf curl
+  # Tests and tools: the Python client stubs, YAML for the manifests, curl for
+  # scraping /metrics.
+  python3 python3-grpcio python3-protobuf python3-yaml curl
 )
 
 missing=()
