@@ -338,9 +338,16 @@ absl::Status Trainer::RunSteps() {
   const Clock::time_point start = Clock::now();
 
   for (int64_t step = 0; step < options_.steps; ++step) {
-    if (observer_->StopRequested()) {
-      return absl::CancelledError(absl::StrCat("stopped after step ", step));
+    bool stop = observer_->StopRequested();
+    if (tensor_ranks * data_ranks > 1) {
+      // Every rank stops after the same step, or the others would wait in
+      // the next step's collectives: stop if any rank was asked to.
+      at::Tensor any = at::full({1}, stop ? 1.0f : 0.0f);
+      if (engine_.tensor != nullptr) engine_.tensor->AllReduce(any, ReduceOp::kMax);
+      if (engine_.data != nullptr) engine_.data->AllReduce(any, ReduceOp::kMax);
+      stop = any.item<float>() > 0;
     }
+    if (stop) return absl::CancelledError(absl::StrCat("stopped after step ", step));
     const Clock::time_point step_start = Clock::now();
     data_->SampleWindows(batch, time + 1, &window_tokens);
     double loss_value = 0, grad_norm = 0;

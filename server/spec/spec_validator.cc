@@ -223,7 +223,7 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
   }
 }
 
-void CheckParallel(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
+void CheckParallel(Problems& p, const JobSpec& spec) {
   const ferry::v1::ParallelSpec& parallel = spec.parallel();
   p.Range<uint32_t>("parallel.tensor", parallel.tensor(), 1, 1024);
   p.Range<uint32_t>("parallel.data", parallel.data(), 1, 1024);
@@ -242,11 +242,6 @@ void CheckParallel(Problems& p, const JobSpec& spec, const MachineFacts& machine
   if (parallel.data() > 1 && spec.train().batch_size() % parallel.data() != 0) {
     p.Invalid(absl::StrCat("train.batch_size: ", spec.train().batch_size(), " does not split across ",
                            parallel.data(), " data-parallel ranks; use a multiple of ", parallel.data()));
-  }
-  if ((t > 1 || parallel.data() > 1) && !machine.multi_rank) {
-    p.Unimplemented(
-        "parallel: ferryd runs one rank per job in this release; use tensor: 1, data: 1, or run "
-        "ferry-worker once per rank under a launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)");
   }
 }
 
@@ -279,7 +274,7 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   CheckTrain(p, spec.train());
   // Memory figures only mean something for a well-formed model.
   if (model_ok) CheckMemory(p, spec, machine);
-  CheckParallel(p, spec, machine);
+  CheckParallel(p, spec);
   CheckCheckpoint(p, spec.checkpoint());
   return p.ToStatus();
 }

@@ -18,10 +18,6 @@ struct MachineFacts {
   // Look at the file system (data file present and large enough). Off in the
   // CLI's local checks, on in the daemon.
   bool check_files = true;
-  // The runner starts more than one rank: ferry-worker under a launcher
-  // (MASTER_ADDR, RANK, WORLD_SIZE). ferryd runs one rank per job in this
-  // release.
-  bool multi_rank = false;
 };
 
 // Validates a spec that has been through WithDefaults. Every problem found is

@@ -163,15 +163,8 @@ TEST(SpecValidatorTest, ModelsTooLargeForTheMachineAreRefused) {
                 absl::StatusCode::kFailedPrecondition, "memory.host_budget: 1 TiB is more than");
 }
 
-TEST(SpecValidatorTest, UnsupportedFeaturesAreUnimplemented) {
-  ExpectProblem("data: {synthetic: {}}\nparallel: {tensor: 2}", absl::StatusCode::kUnimplemented,
-                "parallel: ferryd runs one rank per job");
-}
-
-TEST(SpecValidatorTest, ParallelShapesUnderALauncher) {
-  MachineFacts launcher = Machine();
-  launcher.multi_rank = true;
-  auto check = [&](const std::string& yaml) { return ValidateSpec(Resolved(yaml), launcher); };
+TEST(SpecValidatorTest, ParallelShapes) {
+  auto check = [&](const std::string& yaml) { return ValidateSpec(Resolved(yaml), Machine()); };
   EXPECT_TRUE(check("data: {synthetic: {}}\nparallel: {tensor: 2, data: 2}").ok());
   absl::Status heads = check("data: {synthetic: {}}\nmodel: {heads: 4, hidden: 128}\nparallel: {tensor: 3}");
   EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);

@@ -24,7 +24,8 @@ constexpr int kStagingFloor = 100;
 
 }  // namespace
 
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<ChildFd>& fds) {
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<ChildFd>& fds,
+                            const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("Spawn: empty argv");
   // Stage each descriptor above every target number so that no dup2 below
   // clobbers a source that is still needed, and no dup2 is a no-op (which
@@ -59,8 +60,18 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::vec
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const std::string& extra : env) replaced = replaced || extra.rfind(name + "=", 0) == 0;
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const std::string& extra : env) envp.push_back(const_cast<char*>(extra.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   for (int s : staged) close(s);

@@ -19,11 +19,13 @@ struct ChildFd {
   int child_fd;
 };
 
-// Starts `argv[0]` (a path) with `argv`, the parent's environment and only
-// the descriptors in `fds` (besides none). The child gets its own process
-// group (so the whole group can be signalled), an empty signal mask and
-// default signal dispositions.
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<ChildFd>& fds);
+// Starts `argv[0]` (a path) with `argv`, the parent's environment with
+// `env` ("NAME=value", replacing any NAME there) added, and only the
+// descriptors in `fds` (besides none). The child gets its own process group
+// (so the whole group can be signalled), an empty signal mask and default
+// signal dispositions.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<ChildFd>& fds,
+                            const std::vector<std::string>& env = {});
 
 // "exited with status 3", "was killed by signal 9 (Killed)".
 std::string DescribeWaitStatus(int wait_status);

@@ -75,6 +75,7 @@ class Reporter : public TrainingObserver {
       }
       return;
     }
+    if (quiet_) return;  // rank 0 reports the job's progress
     WorkerReport report;
     ferry::v1::Progress* p = report.mutable_progress();
     p->set_step(static_cast<uint64_t>(r.step));
@@ -124,7 +125,7 @@ class Reporter : public TrainingObserver {
   // Placement goes to the daemon at most once a second, and after the last
   // step.
   void OnPlacement(const PlacementReport& placement) override {
-    if (report_fd_ < 0) return;
+    if (report_fd_ < 0 || quiet_) return;  // rank 0 reports placement
     placement_ = placement;
     pending_placement_ = true;
     const absl::Time now = absl::Now();
@@ -269,10 +270,6 @@ int RunWorker(const WorkerOptions& options) {
   // Never freed: the command reader below may still be blocked reading it
   // while the process exits.
   const bool launched = options.world_size > 1;
-  if (launched && options.report_fd >= 0) {
-    std::fprintf(stderr, "ferry-worker: ferryd runs one rank per job; WORLD_SIZE is for launchers\n");
-    return kWorkerBadUsage;
-  }
   Reporter& reporter = *new Reporter(options.report_fd, /*quiet=*/options.rank != 0);
   if (options.report_fd >= 0) {
     std::thread(ReadCommands, options.command_fd, &reporter).detach();
@@ -284,7 +281,6 @@ int RunWorker(const WorkerOptions& options) {
   if (!spec.ok()) return Fail(reporter, spec.status(), kWorkerBadUsage);
   MachineFacts machine;
   machine.host_memory_bytes = HostMemoryTotalBytes();
-  machine.multi_rank = options.report_fd < 0;  // standalone, under a launcher or not
   if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
     return Fail(reporter, s, kWorkerBadUsage);
   }

@@ -167,6 +167,47 @@ TOKENS="$(awk '/^ferry_tokens_total /{print $2}' "$WORK/metrics.txt")"
 "$PY" -c "import sys; assert float(sys.argv[1]) >= 80*8*128, sys.argv[1]" "$TOKENS" \
   || fail "ferry_tokens_total is $TOKENS, less than the job's 81920 tokens"
 
+# Tensor parallel through ferryd: two workers, one job, the one-rank loss.
+PAR_SET="train.steps=15,model.dropout=0.1"
+SOLO="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET -o json | json "d['id']")"
+"$FERRY" watch "$SOLO" >/dev/null 2>&1 || fail "the one-rank reference job failed"
+TP="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET,parallel.tensor=2 -o json | json "d['id']")"
+"$FERRY" watch "$TP" >"$WORK/tp.txt" 2>&1 || fail "the tensor-parallel job failed: $(tail -3 "$WORK/tp.txt")"
+[ -e "$WORK/state/jobs/$TP/worker.rank1.log" ] || fail "no second rank ran"
+"$PY" - "$("$FERRY" get "$SOLO" -o json | json "d['progress']['loss']")" \
+  "$("$FERRY" get "$TP" -o json | json "d['progress']['loss']")" <<'PYEOF' || fail "tensor parallel changed the training"
+import sys
+one, two = map(float, sys.argv[1:])
+print(f"final loss: one rank {one:.8f}, two tensor ranks {two:.8f}")
+assert abs(one - two) < 1e-5
+PYEOF
+# A rank killed mid-training fails the job naming the rank; no worker stays.
+PAR="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.data=2 -o json | json "d['id']")"
+for _ in $(seq 1 300); do
+  "$FERRY" get "$PAR" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
+  sleep 0.1
+done
+RANK1="$(pgrep -f -- "--spec=$WORK/state/jobs/$PAR/spec.json" | sort -n | tail -1)" || fail "no workers for $PAR"
+kill -9 "$RANK1"
+set +e; "$FERRY" watch "$PAR" >"$WORK/par.txt" 2>&1; rc=$?; set -e
+[ "$rc" -eq 1 ] || fail "watch of the job with a killed rank exited $rc, not 1"
+"$FERRY" get "$PAR" -o json >"$WORK/par.json"
+[ "$(json "d['state']" <"$WORK/par.json")" = "JOB_STATE_FAILED" ] || fail "the job with a killed rank is not FAILED"
+json "d['error']" <"$WORK/par.json" | grep -q "^rank 1: the worker was killed by signal 9" \
+  || fail "the error does not name the rank: $(json "d['error']" <"$WORK/par.json")"
+pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind"
+"$FERRY" info >/dev/null || fail "ferryd stopped serving after a rank died"
+# Cancelling a two-rank job stops both ranks after the same step.
+PARC="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.tensor=2 -o json | json "d['id']")"
+for _ in $(seq 1 300); do
+  "$FERRY" get "$PARC" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
+  sleep 0.1
+done
+"$FERRY" cancel "$PARC" >/dev/null
+set +e; "$FERRY" watch "$PARC" >/dev/null 2>&1; set -e
+[ "$("$FERRY" get "$PARC" -o json | json "d['state']")" = "JOB_STATE_CANCELLED" ] || fail "the two-rank job was not cancelled"
+pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind after a cancel"
+
 # SIGTERM: the daemon exits cleanly.
 kill -TERM "$DAEMON"
 for _ in $(seq 1 300); do kill -0 "$DAEMON" 2>/dev/null || break; sleep 0.1; done
