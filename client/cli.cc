@@ -360,6 +360,7 @@ int Cli::Memory(const std::vector<std::string>& args) {
   SetDeadline(&ctx);
   ferry::v1::GetMemoryPlacementRequest request;
   request.set_job_id(args[0]);
+  request.set_rank(static_cast<uint32_t>(options_.rank));
   ferry::v1::MemoryPlacement placement;
   grpc::Status status = Stub().GetMemoryPlacement(&ctx, request, &placement);
   if (!status.ok()) return Report(status);
@@ -406,7 +407,7 @@ std::string CliUsage() {
   watch ID                                        follow a job's progress until it ends
   cancel ID                                       cancel a pending or running job
   info                                            show the daemon's version, devices and limits
-  memory ID                                       show where a job's model data lives
+  memory ID [--rank=N]                            show where a job's model data lives
   data prepare --out=FILE TEXT_FILE...            tokenise text into a token file (byte-level)
 
   --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)

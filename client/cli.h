@@ -39,6 +39,8 @@ struct CliOptions {
   int limit = 1000;
   // data prepare: the token file to write.
   std::string out_path;
+  // memory: which rank of a parallel job.
+  int rank = 0;
   // watch: how long to keep trying to reconnect before giving up.
   absl::Duration reconnect_for = absl::Minutes(2);
 };

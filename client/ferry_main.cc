@@ -22,6 +22,7 @@ ABSL_FLAG(double, timeout, 10, "Seconds to wait for each answer.");
 ABSL_FLAG(std::vector<std::string>, state, {}, "list: only jobs in these states.");
 ABSL_FLAG(int, limit, 1000, "list: at most this many jobs.");
 ABSL_FLAG(std::string, out, "", "data prepare: the token file to write.");
+ABSL_FLAG(int, rank, 0, "memory: which rank of a parallel job.");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
 
 int main(int argc, char** argv) {
@@ -54,6 +55,11 @@ int main(int argc, char** argv) {
   options.states = absl::GetFlag(FLAGS_state);
   options.limit = absl::GetFlag(FLAGS_limit);
   options.out_path = absl::GetFlag(FLAGS_out);
+  if (absl::GetFlag(FLAGS_rank) < 0) {
+    std::cerr << "ferry: --rank must be 0 or more\n";
+    return ferry::kExitUsage;
+  }
+  options.rank = absl::GetFlag(FLAGS_rank);
   const std::vector<std::string> args(positional.begin() + 1, positional.end());
   return ferry::RunCli(args, options, std::cout, std::cerr);
 }

@@ -179,8 +179,9 @@ char TierMark(const std::string& tier) {
 }  // namespace
 
 std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& m) {
-  std::string out = absl::StrFormat("%s  %s policy on %s, %s (step %d)\n", m.job_id(), m.policy(), m.device(),
-                                    m.phase(), m.step());
+  std::string out = absl::StrFormat("%s%s  %s policy on %s, %s (step %d)\n", m.job_id(),
+                                    m.world_size() > 1 ? absl::StrFormat(" rank %d of %d", m.rank(), m.world_size()) : "",
+                                    m.policy(), m.device(), m.phase(), m.step());
   uint64_t tier_bytes[2] = {0, 0};
   std::string kinds[2];
   for (const ferry::v1::MemoryUsage& u : m.totals()) {

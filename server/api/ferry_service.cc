@@ -161,7 +161,7 @@ grpc::Status FerryService::GetMemoryPlacement(grpc::ServerContext*,
                                               const ferry::v1::GetMemoryPlacementRequest* request,
                                               ferry::v1::MemoryPlacement* response) {
   if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
-  absl::StatusOr<ferry::v1::MemoryPlacement> placement = registry_->GetPlacement(request->job_id());
+  absl::StatusOr<ferry::v1::MemoryPlacement> placement = registry_->GetPlacement(request->job_id(), request->rank());
   if (!placement.ok()) return ToGrpcStatus(placement.status());
   *response = *std::move(placement);
   return grpc::Status::OK;

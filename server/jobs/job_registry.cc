@@ -246,21 +246,29 @@ void JobRegistry::RecordPlacement(const std::string& id, const ferry::v1::Memory
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);
   if (record == nullptr) return;
-  if (!record->placement) record->placement = std::make_unique<ferry::v1::MemoryPlacement>();
-  *record->placement = placement;
-  record->placement->set_job_id(id);
+  ferry::v1::MemoryPlacement& kept = record->placements[placement.rank()];
+  kept = placement;
+  kept.set_job_id(id);
+  if (kept.world_size() == 0) kept.set_world_size(1);
 }
 
-absl::StatusOr<ferry::v1::MemoryPlacement> JobRegistry::GetPlacement(const std::string& id) const {
+absl::StatusOr<ferry::v1::MemoryPlacement> JobRegistry::GetPlacement(const std::string& id, uint32_t rank) const {
   absl::MutexLock lock(&mu_);
   const Record* record = Find(id);
   if (record == nullptr) return NotFound(id);
-  if (!record->placement) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id, " has no memory placement yet (it is ", StateName(record->job.state()),
-        "; placement is known from the end of its first step)"));
+  const ferry::v1::ParallelSpec& parallel = record->job.spec().parallel();
+  const uint32_t ranks = std::max<uint32_t>(1, parallel.tensor()) * std::max<uint32_t>(1, parallel.data());
+  if (rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: job ", id, " has ", ranks, ranks == 1 ? " rank" : " ranks",
+                                                   "; use 0 to ", ranks - 1));
   }
-  return *record->placement;
+  auto it = record->placements.find(rank);
+  if (it == record->placements.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " has no memory placement", ranks > 1 ? absl::StrCat(" for rank ", rank) : "",
+        " yet (it is ", StateName(record->job.state()), "; placement is known from the end of its first step)"));
+  }
+  return it->second;
 }
 
 void JobRegistry::Finish(const std::string& id, JobState state, const std::string& error) {

@@ -98,12 +98,13 @@ class JobRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
   void AppendLog(const std::string& id, ferry::v1::Severity severity, const std::string& message)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The job's latest memory placement (kept after it ends).
+  // The latest memory placement of one rank of the job (placement.rank;
+  // kept after the job ends).
   void RecordPlacement(const std::string& id, const ferry::v1::MemoryPlacement& placement)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // NOT_FOUND for an unknown id, FAILED_PRECONDITION before the job's first
-  // step.
-  absl::StatusOr<ferry::v1::MemoryPlacement> GetPlacement(const std::string& id) const
+  // NOT_FOUND for an unknown id, INVALID_ARGUMENT for a rank the job does
+  // not have, FAILED_PRECONDITION before the rank's first step.
+  absl::StatusOr<ferry::v1::MemoryPlacement> GetPlacement(const std::string& id, uint32_t rank = 0) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a running job in `state` (SUCCEEDED, FAILED or CANCELLED) and closes
   // its event stream.
@@ -157,7 +158,7 @@ class JobRegistry {
     std::shared_ptr<EventBuffer> events;
     std::shared_ptr<StopSignal> stop;
     size_t watchers = 0;
-    std::unique_ptr<ferry::v1::MemoryPlacement> placement;
+    std::map<uint32_t, ferry::v1::MemoryPlacement> placements;  // by rank
   };
 
   Record* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

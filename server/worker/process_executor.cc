@@ -259,7 +259,7 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
             }
             break;
           case WorkerReport::kPlacement:
-            if (primary) listener->OnPlacement(report.placement());
+            listener->OnPlacement(report.placement());  // each rank its own
             break;
           case WorkerReport::kFinished:
             r.finished = report.finished();

@@ -42,7 +42,8 @@ void OnStopSignal(int) { g_signal_stop.store(true); }
 class Reporter : public TrainingObserver {
  public:
   // `quiet`: print no progress (a rank other than 0 under a launcher).
-  Reporter(int report_fd, bool quiet) : report_fd_(report_fd), quiet_(quiet) {}
+  Reporter(int report_fd, bool quiet, int rank, int world_size)
+      : report_fd_(report_fd), quiet_(quiet), rank_(rank), world_size_(world_size) {}
 
   void Send(const WorkerReport& report) {
     if (report_fd_ < 0) return;
@@ -125,7 +126,7 @@ class Reporter : public TrainingObserver {
   // Placement goes to the daemon at most once a second, and after the last
   // step.
   void OnPlacement(const PlacementReport& placement) override {
-    if (report_fd_ < 0 || quiet_) return;  // rank 0 reports placement
+    if (report_fd_ < 0) return;
     placement_ = placement;
     pending_placement_ = true;
     const absl::Time now = absl::Now();
@@ -135,6 +136,8 @@ class Reporter : public TrainingObserver {
   void SendPlacement() {
     WorkerReport report;
     ferry::v1::MemoryPlacement* out = report.mutable_placement();
+    out->set_rank(static_cast<uint32_t>(rank_));
+    out->set_world_size(static_cast<uint32_t>(world_size_));
     const PlacementReport& r = placement_;
     out->set_step(last_step_ + (final_step_ ? 0 : 1));
     ToProtoTime(absl::Now(), out->mutable_time());
@@ -215,6 +218,8 @@ class Reporter : public TrainingObserver {
  private:
   const int report_fd_;
   const bool quiet_;
+  const int rank_;
+  const int world_size_;
   double final_loss_ = 0;
   absl::Mutex mu_;  // serialises frames on report_fd_
   std::atomic<bool> stop_{false};
@@ -270,7 +275,8 @@ int RunWorker(const WorkerOptions& options) {
   // Never freed: the command reader below may still be blocked reading it
   // while the process exits.
   const bool launched = options.world_size > 1;
-  Reporter& reporter = *new Reporter(options.report_fd, /*quiet=*/options.rank != 0);
+  Reporter& reporter =
+      *new Reporter(options.report_fd, /*quiet=*/options.rank != 0, options.rank, options.world_size);
   if (options.report_fd >= 0) {
     std::thread(ReadCommands, options.command_fd, &reporter).detach();
   }
