@@ -620,13 +620,37 @@ void ChunkManager::PostBackward(int stage) {
 }
 
 void ChunkManager::Reduce(Chunk& chunk) {
+  chunk.grad_reduced = true;
+  if (groups_.data == nullptr || groups_.data->size() == 1) {
+    CompleteReduce(chunk);
+    return;
+  }
+  // One all-reduce in flight at a time, overlapping the backward of the
+  // stages before this chunk's: finish the previous one, start this one.
+  // Its gradients stay put on the device until it is done.
+  FinishPendingReduce();
+  Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+  g.pinned = true;
+  pending_chunk_ = &chunk;
+  pending_reduce_ = groups_.data->StartAllReduce(g.device.narrow(0, 0, chunk.used));
+}
+
+void ChunkManager::FinishPendingReduce() {
+  if (pending_chunk_ == nullptr) return;
+  Chunk& chunk = *pending_chunk_;
+  pending_chunk_ = nullptr;
+  std::unique_ptr<PendingCollective> work = std::move(pending_reduce_);
+  work->Wait();
+  Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
+  g.pinned = false;
+  // The mean over the data ranks' shares of the batch.
+  g.device.narrow(0, 0, chunk.used).div_(groups_.data->size());
+  CompleteReduce(chunk);
+}
+
+void ChunkManager::CompleteReduce(Chunk& chunk) {
   Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
   at::Tensor grads = g.device.narrow(0, 0, chunk.used);
-  if (groups_.data != nullptr && groups_.data->size() > 1) {
-    // The mean over the data ranks' shares of the batch.
-    groups_.data->AllReduce(grads);
-    grads.div_(groups_.data->size());
-  }
   // In fp32 whatever the gradients' type; an overflow shows as inf or NaN.
   auto sq_norm = [](const at::Tensor& t) {
     const double n = at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat).item<double>();
@@ -645,7 +669,6 @@ void ChunkManager::Reduce(Chunk& chunk) {
     sq -= (1.0 - 1.0 / tensor_ranks) * replicated;
   }
   grad_sq_sum_ += sq;
-  chunk.grad_reduced = true;
   if (plan_applied_ && chunk.device_homed()) return;
   // The optimizer states are on the host: so go the gradients.
   EnsureHost(g);
@@ -720,6 +743,7 @@ absl::Status ChunkManager::FinishBackward() {
     if (!backward_started_[static_cast<size_t>(s)]) PreBackward(s);
     PostBackward(s);
   }
+  FinishPendingReduce();
   for (const ManagedTensor& t : tensors_) {
     if (t.state != TensorState::kReadyForReduce) {
       throw std::logic_error(absl::StrCat(t.name, " is ", TensorStateName(t.state),

@@ -187,7 +187,12 @@ class ChunkManager {
   void BeginPeriod(int period, const std::vector<Payload*>& needed);
   void EndPeriod(int period);
   void SetStates(int stage, TensorState to);
+  // A chunk's gradients are complete: average them over the data group
+  // (in the background, while the backward goes on), then take their norm
+  // and move them where the optimizer runs.
   void Reduce(Chunk& chunk);
+  void CompleteReduce(Chunk& chunk);
+  void FinishPendingReduce();
   void UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper);
   bool mixed() const { return optimizer_.param_dtype != c10::kFloat; }
   void ApplyPlan();
@@ -208,6 +213,9 @@ class ChunkManager {
   MemoryOptions options_;
   OptimizerOptions optimizer_;
   ManagerGroups groups_;
+  // The chunk whose data-parallel all-reduce is in flight.
+  Chunk* pending_chunk_ = nullptr;
+  std::unique_ptr<PendingCollective> pending_reduce_;
   ChunkLayout layout_;
   std::vector<ManagedTensor> tensors_;
   std::vector<Chunk> chunks_;

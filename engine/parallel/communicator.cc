@@ -14,6 +14,11 @@
 namespace ferry {
 namespace {
 
+class DoneCollective : public PendingCollective {
+ public:
+  void Wait() override {}
+};
+
 std::string What(const std::exception& e) {
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
@@ -36,6 +41,20 @@ class GlooCommunicator : public Communicator {
     o.timeout = options_.timeout;
     Run(Collective::kAllReduce, [&] { return group_->allreduce(tensors, o); });
     if (!dense.is_same(t)) t.copy_(dense);
+  }
+
+  std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override {
+    if (!t.is_contiguous()) throw std::invalid_argument("StartAllReduce: the tensor must be contiguous");
+    auto pending = std::make_unique<GlooPending>(this);
+    pending->tensors = {std::move(t)};
+    c10d::AllreduceOptions o;
+    o.timeout = options_.timeout;
+    try {
+      pending->work = group_->allreduce(pending->tensors, o);
+    } catch (const std::exception& e) {
+      throw Failure(Collective::kAllReduce, e);
+    }
+    return pending;
   }
 
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override {
@@ -65,15 +84,36 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
+  struct GlooPending : public PendingCollective {
+    explicit GlooPending(GlooCommunicator* owner) : owner(owner) {}
+    void Wait() override {
+      try {
+        owner->Finish(work);
+      } catch (const std::exception& e) {
+        throw owner->Failure(Collective::kAllReduce, e);
+      }
+    }
+    GlooCommunicator* owner;
+    std::vector<at::Tensor> tensors;  // kept alive while in flight
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  CollectiveException Failure(Collective c, const std::exception& e) const {
+    return CollectiveException(absl::StrCat(CollectiveName(c), " in the ", options_.name, " group (rank ", rank(),
+                                            " of ", size(), ") failed: ", What(e)));
+  }
+
+  void Finish(const c10::intrusive_ptr<c10d::Work>& work) {
+    if (!work->wait(options_.timeout)) {
+      throw std::runtime_error(absl::StrCat("did not finish in ", options_.timeout.count(), " ms"));
+    }
+  }
+
   void Run(Collective c, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
     try {
-      c10::intrusive_ptr<c10d::Work> work = start();
-      if (!work->wait(options_.timeout)) {
-        throw std::runtime_error(absl::StrCat("did not finish in ", options_.timeout.count(), " ms"));
-      }
+      Finish(start());
     } catch (const std::exception& e) {
-      throw CollectiveException(absl::StrCat(CollectiveName(c), " in the ", options_.name, " group (rank ",
-                                             rank(), " of ", size(), ") failed: ", What(e)));
+      throw Failure(c, e);
     }
   }
 
@@ -187,6 +227,16 @@ absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store
 void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {
   calls_.push_back({Collective::kAllReduce, static_cast<uint64_t>(t.numel() * t.element_size())});
   inner_->AllReduce(t, op);
+}
+
+std::unique_ptr<PendingCollective> Communicator::StartAllReduce(at::Tensor t) {
+  AllReduce(t);
+  return std::make_unique<DoneCollective>();
+}
+
+std::unique_ptr<PendingCollective> CountingCommunicator::StartAllReduce(at::Tensor t) {
+  calls_.push_back({Collective::kAllReduce, static_cast<uint64_t>(t.numel() * t.element_size())});
+  return inner_->StartAllReduce(std::move(t));
 }
 
 at::Tensor CountingCommunicator::AllGather(const at::Tensor& t, int64_t dim) {

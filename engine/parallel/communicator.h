@@ -34,6 +34,14 @@ enum class Collective { kAllReduce, kAllGather, kBroadcast, kBarrier };
 enum class ReduceOp { kSum, kMax };
 const char* CollectiveName(Collective c);
 
+// A collective in flight.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Returns once it is done; throws CollectiveException if it failed.
+  virtual void Wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -45,6 +53,10 @@ class Communicator {
 
   // Reduces `t` over the group (sum by default), in place.
   virtual void AllReduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
+  // Starts summing `t` (contiguous) over the group in place and returns at
+  // once where the backend runs collectives in the background (Gloo, NCCL);
+  // `t` must be left alone until Wait() returns.
+  virtual std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t);
   // Every rank's `t`, concatenated along `dim` in rank order.
   virtual at::Tensor AllGather(const at::Tensor& t, int64_t dim) = 0;
   // `t` from `root` to every rank, in place.
@@ -112,6 +124,7 @@ class CountingCommunicator : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void AllReduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) override;
+  std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override;
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override;
   void Broadcast(at::Tensor& t, int root) override;
   void Barrier() override;
