@@ -125,7 +125,7 @@ std::optional<uint64_t> SteadyTraffic(const Trial& t) {
   if (!t.status.ok()) return std::nullopt;
   uint64_t bytes = 0;
   int steps = 0;
-  for (size_t s = 2; s < t.observer.reports.size(); ++s) {
+  for (size_t s = kFirstSteadyStep; s < t.observer.reports.size(); ++s) {
     const StepMemoryStats& m = t.observer.reports[s].memory_stats;
     bytes += m.host_to_device_bytes + m.device_to_host_bytes;
     ++steps;
@@ -153,13 +153,7 @@ uint64_t WeightsAndGradientsBound(int64_t params, uint64_t budget, uint64_t peak
 
 // --- 3. Overhead. ---
 
-double MedianSteadySeconds(const Trial& t) {
-  std::vector<double> s;
-  for (size_t i = 2; i < t.observer.reports.size(); ++i) s.push_back(t.observer.reports[i].step_seconds);
-  if (s.empty()) return 0;
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
-}
+double MedianSteadySeconds(const Trial& t) { return Median(SteadyStepSeconds(t.observer.reports)); }
 
 std::string Opt(const std::optional<uint64_t>& v) { return v ? absl::StrCat(*v) : "null"; }
 

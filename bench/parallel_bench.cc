@@ -87,11 +87,7 @@ Run Measure(const GptConfig& model, int64_t steps, int64_t batch, int tensor, in
     if (!s.ok()) run.error = std::string(s.message());
   }
   if (!run.error.empty()) return run;
-  std::vector<double> seconds;
-  const std::vector<StepReport>& reports = observers[0].reports;
-  for (size_t s = 2; s < reports.size(); ++s) seconds.push_back(reports[s].step_seconds);
-  std::sort(seconds.begin(), seconds.end());
-  run.step_seconds = seconds.empty() ? 0 : seconds[seconds.size() / 2];
+  run.step_seconds = Median(SteadyStepSeconds(observers[0].reports));
   run.tokens_per_second = run.step_seconds > 0 ? double(batch * model.seq_len) / run.step_seconds : 0;
   run.bytes_per_step = steps > 0 ? rank0_bytes / static_cast<uint64_t>(steps) : 0;
   return run;

@@ -55,26 +55,20 @@ struct ModeResult {
   std::vector<int> recomputed_blocks;  // in the last steady step
   std::string error;
 
-  double MedianSeconds() const {
-    if (step_seconds.empty()) return 0;
-    std::vector<double> s = step_seconds;
-    std::sort(s.begin(), s.end());
-    return s[s.size() / 2];
-  }
+  double MedianSeconds() const { return Median(step_seconds); }
 };
 
-// Steady steps: the warm-up (step 1) and the step that settles the plan
-// (step 2) left out.
 void Record(const Trial& t, ModeResult* r) {
   if (!t.status.ok()) {
     r->error = std::string(t.status.message()).substr(0, 240);
     return;
   }
   const std::vector<StepReport>& reports = t.observer.reports;
-  for (size_t s = 2; s < reports.size(); ++s) {
+  for (size_t s = kFirstSteadyStep; s < reports.size(); ++s) {
     r->peak_bytes = std::max(r->peak_bytes, reports[s].memory_stats.peak_non_model_bytes);
-    r->step_seconds.push_back(reports[s].step_seconds);
   }
+  const std::vector<double> seconds = SteadyStepSeconds(reports);
+  r->step_seconds.insert(r->step_seconds.end(), seconds.begin(), seconds.end());
   if (!reports.empty()) r->recomputed_blocks = reports.back().recomputed_blocks;
 }
 

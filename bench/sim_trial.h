@@ -3,6 +3,7 @@
 // A training run on a fresh simulated device, with every report kept: what
 // the memory-manager benchmarks measure.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -28,6 +29,23 @@ struct Trial {
   absl::Status status;
   Collector observer;
 };
+
+// Steady steps: the warm-up (step 1) and the step that settles the plan
+// (step 2) left out.
+constexpr size_t kFirstSteadyStep = 2;
+
+inline std::vector<double> SteadyStepSeconds(const std::vector<StepReport>& reports) {
+  std::vector<double> s;
+  for (size_t i = kFirstSteadyStep; i < reports.size(); ++i) s.push_back(reports[i].step_seconds);
+  return s;
+}
+
+// The median (upper of the middle two), or 0 for none.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // `steps` steps of batch `batch` on synthetic data, AdamW with a short
 // warm-up; `memory` unset runs the plain LibTorch loop.
