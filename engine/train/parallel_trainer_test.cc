@@ -52,7 +52,7 @@ TrainOptions Options() {
 std::unique_ptr<TokenSource> Data() { return std::make_unique<SyntheticSource>(64, 2, 1, 5); }
 
 // Rank 0's recorder for a world of tensor x data ranks.
-LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data) {
+LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, MemoryOptions memory = {}) {
   c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
   const int world = tensor * data;
   std::vector<LossRecorder> recorders(static_cast<size_t>(world));
@@ -69,6 +69,7 @@ LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data) {
       }
       EngineOptions engine;
       engine.device = device;
+      engine.memory = memory;
       engine.tensor = groups->tensor.get();
       engine.data = groups->data.get();
       results[static_cast<size_t>(r)] =
@@ -122,6 +123,21 @@ class IdleGroup : public Communicator {
  private:
   std::string name_ = "data";
 };
+
+// Recomputing every block replays each rank's dropout on its shard of heads
+// and rows: still the one-rank training.
+TEST(ParallelTrainerTest, RecomputeOnEveryRankIsTheSameTraining) {
+  SimulatedDevice device(uint64_t{8} << 30);
+  LossRecorder one;
+  EngineOptions engine;
+  engine.device = &device;
+  ASSERT_TRUE(Trainer(Model(), Options(), engine, Data(), &one).Run().ok());
+  MemoryOptions all;
+  all.recompute = MemoryOptions::Recompute::kAll;
+  const LossRecorder parallel = TrainParallel(&device, 2, 2, all);
+  ASSERT_EQ(parallel.losses.size(), one.losses.size());
+  for (size_t s = 0; s < one.losses.size(); ++s) EXPECT_NEAR(parallel.losses[s], one.losses[s], 1e-5) << s + 1;
+}
 
 TEST(ParallelTrainerTest, ABatchThatDoesNotSplitIsRefused) {
   SimulatedDevice device(uint64_t{1} << 30);
