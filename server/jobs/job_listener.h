@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "ferry/v1/job.pb.h"
+#include "ferry/v1/memory.pb.h"
 
 namespace ferry {
 
@@ -16,6 +17,8 @@ class JobListener {
   virtual void OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) = 0;
   // `new_tokens`: tokens processed since the job's previous report.
   virtual void OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) = 0;
+  // One rank's memory placement (every rank of a parallel job reports one).
+  virtual void OnPlacement(const ferry::v1::MemoryPlacement& placement) { (void)placement; }
 };
 
 }  // namespace ferry

@@ -250,6 +250,7 @@ void JobRegistry::RecordPlacement(const std::string& id, const ferry::v1::Memory
   kept = placement;
   kept.set_job_id(id);
   if (kept.world_size() == 0) kept.set_world_size(1);
+  if (listener_ != nullptr) listener_->OnPlacement(kept);
 }
 
 absl::StatusOr<ferry::v1::MemoryPlacement> JobRegistry::GetPlacement(const std::string& id, uint32_t rank) const {

@@ -1,5 +1,8 @@
 #include "server/metrics/daemon_metrics.h"
 
+#include <algorithm>
+#include <string>
+
 #include "server/common/enum_names.h"
 
 namespace ferry {
@@ -58,6 +61,10 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                   .Name("ferry_memory_bytes")
                   .Help("Memory in use by the running job, by tier and kind of data.")
                   .Register(*registry_)),
+      rank_memory_(prometheus::BuildGauge()
+                       .Name("ferry_rank_memory_bytes")
+                       .Help("Model data of each rank of the running job (its shard), by tier.")
+                       .Register(*registry_)),
       capacity_(prometheus::BuildGauge()
                     .Name("ferry_memory_capacity_bytes")
                     .Help("Memory available, by tier.")
@@ -160,6 +167,7 @@ void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState 
     for (const char* tier : kTiers) {
       for (const char* kind : kKinds) MemoryGauge(tier, kind).Set(0);
       chunks_.Add({{"tier", tier}}).Set(0);
+      for (uint32_t r = 0; r < ranks_seen_; ++r) rank_memory_.Add({{"rank", std::to_string(r)}, {"tier", tier}}).Set(0);
     }
     tokens_per_second_.Set(0);
     warmup_.Set(0);
@@ -194,6 +202,15 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
   const bool warmup = progress.memory_phase() == "warmup";
   warmup_.Set(warmup ? 1 : 0);
   steady_.Set(warmup ? 0 : 1);
+}
+
+void DaemonMetrics::OnPlacement(const ferry::v1::MemoryPlacement& placement) {
+  double bytes[2] = {0, 0};
+  for (const ferry::v1::MemoryUsage& u : placement.totals()) bytes[u.tier() == "device" ? 0 : 1] += double(u.bytes());
+  const std::string rank = std::to_string(placement.rank());
+  rank_memory_.Add({{"rank", rank}, {"tier", "device"}}).Set(bytes[0]);
+  rank_memory_.Add({{"rank", rank}, {"tier", "host"}}).Set(bytes[1]);
+  ranks_seen_ = std::max(ranks_seen_, placement.rank() + 1);
 }
 
 }  // namespace ferry

@@ -30,6 +30,7 @@ class DaemonMetrics : public JobListener {
 
   void OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) override;
   void OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) override;
+  void OnPlacement(const ferry::v1::MemoryPlacement& placement) override;
 
  private:
   prometheus::Gauge& MemoryGauge(const std::string& tier, const std::string& kind);
@@ -45,6 +46,8 @@ class DaemonMetrics : public JobListener {
   prometheus::Gauge& learning_rate_;
   prometheus::Gauge& tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Family<prometheus::Gauge>& rank_memory_;
+  uint32_t ranks_seen_ = 0;  // ranks with rank_memory_ series
   prometheus::Family<prometheus::Gauge>& capacity_;
   prometheus::Counter& to_device_;
   prometheus::Counter& to_host_;

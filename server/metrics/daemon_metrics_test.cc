@@ -74,9 +74,27 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   EXPECT_TRUE(Has(text, "ferry_loss_scale 1024")) << text;
   EXPECT_TRUE(Has(text, "ferry_skipped_steps_total 2")) << text;
 
+  // Each rank's shard, by rank.
+  for (uint32_t rank : {0u, 1u}) {
+    ferry::v1::MemoryPlacement placement;
+    placement.set_rank(rank);
+    placement.set_world_size(2);
+    for (const char* kind : {"param", "optimizer"}) {
+      ferry::v1::MemoryUsage* u = placement.add_totals();
+      u->set_tier("device");
+      u->set_kind(kind);
+      u->set_bytes(100 * (rank + 1));
+    }
+    metrics.OnPlacement(placement);
+  }
+  const std::string ranked = Scrape(metrics);
+  EXPECT_TRUE(Has(ranked, "ferry_rank_memory_bytes{rank=\"1\",tier=\"device\"} 400")) << ranked;
+  EXPECT_TRUE(Has(ranked, "ferry_rank_memory_bytes{rank=\"0\",tier=\"host\"} 0")) << ranked;
+
   metrics.OnStateChange(ferry::v1::JOB_STATE_RUNNING, ferry::v1::JOB_STATE_FAILED);
   EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_bytes{kind=\"param\",tier=\"host\"} 0"))
       << "memory gauges drop when the job ends";
+  EXPECT_TRUE(Has(Scrape(metrics), "ferry_rank_memory_bytes{rank=\"1\",tier=\"device\"} 0"));
 }
 
 }  // namespace

@@ -184,6 +184,8 @@ PYEOF
 # Every rank's shard has its placement.
 "$FERRY" memory "$TP" --rank=1 | head -1 | grep -q "$TP rank 1 of 2  auto policy" || fail "ferry memory --rank=1: $("$FERRY" memory "$TP" --rank=1 | head -1)"
 expect_refusal 2 "rank: job $TP has 2 ranks; use 0 to 1" -- memory "$TP" --rank=2
+curl -sf "http://$METRICS/metrics" | grep -q '^ferry_rank_memory_bytes{rank="1",tier="device"}' \
+  || fail "/metrics has no memory series for rank 1"
 # A rank killed mid-training fails the job naming the rank; no worker stays.
 PAR="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.data=2 -o json | json "d['id']")"
 for _ in $(seq 1 300); do
