@@ -46,7 +46,7 @@ cc_library(
 )
 
 """.format(
-        defines = repr(["FERRY_LIBTORCH_CUDA=1"] if cuda else []),
+        defines = repr(["FERRY_LIBTORCH_CUDA=1", "USE_C10D_NCCL"] if cuda else []),
         linkopts = repr(linkopts),
     ))
 

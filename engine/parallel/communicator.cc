@@ -5,6 +5,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <functional>
 #include <utility>
@@ -24,9 +27,13 @@ std::string What(const std::exception& e) {
   return e.what();
 }
 
-class GlooCommunicator : public Communicator {
+// A c10d process group (or, in LibTorch 2.x, backend) behind our interface:
+// ProcessGroupGloo or ProcessGroupNCCL, whose collectives take the same
+// arguments in LibTorch 1.13 and 2.x.
+template <typename Group>
+class C10dCommunicator : public Communicator {
  public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, CommunicatorOptions options)
+  C10dCommunicator(c10::intrusive_ptr<Group> group, CommunicatorOptions options)
       : group_(std::move(group)), options_(std::move(options)) {}
 
   const std::string& name() const override { return options_.name; }
@@ -45,7 +52,7 @@ class GlooCommunicator : public Communicator {
 
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override {
     if (!t.is_contiguous()) throw std::invalid_argument("StartAllReduce: the tensor must be contiguous");
-    auto pending = std::make_unique<GlooPending>(this);
+    auto pending = std::make_unique<Pending>(this);
     pending->tensors = {std::move(t)};
     c10d::AllreduceOptions o;
     o.timeout = options_.timeout;
@@ -84,8 +91,8 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
-  struct GlooPending : public PendingCollective {
-    explicit GlooPending(GlooCommunicator* owner) : owner(owner) {}
+  struct Pending : public PendingCollective {
+    explicit Pending(C10dCommunicator* owner) : owner(owner) {}
     void Wait() override {
       try {
         owner->Finish(work);
@@ -93,7 +100,7 @@ class GlooCommunicator : public Communicator {
         throw owner->Failure(Collective::kAllReduce, e);
       }
     }
-    GlooCommunicator* owner;
+    C10dCommunicator* owner;
     std::vector<at::Tensor> tensors;  // kept alive while in flight
     c10::intrusive_ptr<c10d::Work> work;
   };
@@ -117,7 +124,7 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::intrusive_ptr<Group> group_;
   CommunicatorOptions options_;
 };
 
@@ -193,7 +200,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrus
                              : c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname));
     // Connecting waits for every rank of the group.
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(group), options));
+    return std::unique_ptr<Communicator>(new C10dCommunicator<c10d::ProcessGroupGloo>(std::move(group), options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("the ", options.name, " group (rank ", rank, " of ", size,
                                                ") could not connect: ", What(e)));
@@ -213,7 +220,9 @@ absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store
     if (size == 1) return MakeSoloCommunicator(kind);
     CommunicatorOptions o = options;
     o.name = kind;
-    return CreateGlooCommunicator(PrefixedStore(absl::StrCat(kind, "-", group), store), rank, size, o);
+    c10::intrusive_ptr<c10d::Store> prefixed = PrefixedStore(absl::StrCat(kind, "-", group), store);
+    return options.backend == CommunicatorOptions::Backend::kNccl ? CreateNcclCommunicator(prefixed, rank, size, o)
+                                                                  : CreateGlooCommunicator(prefixed, rank, size, o);
   };
   absl::StatusOr<std::unique_ptr<Communicator>> tensor_group = join("tensor", d, t, tensor);
   if (!tensor_group.ok()) return tensor_group.status();
@@ -222,6 +231,31 @@ absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store
   groups.tensor = std::move(*tensor_group);
   groups.data = std::move(*data_group);
   return groups;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                                                                     int rank, int size,
+                                                                     const CommunicatorOptions& options) {
+#ifdef USE_C10D_NCCL
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in a group of ", size));
+  }
+  try {
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = options.timeout;
+    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
+    return std::unique_ptr<Communicator>(new C10dCommunicator<c10d::ProcessGroupNCCL>(std::move(group), options));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("the ", options.name, " group (rank ", rank, " of ", size,
+                                               ") could not start NCCL: ", What(e)));
+  }
+#else
+  (void)store;
+  (void)rank;
+  (void)size;
+  (void)options;
+  return absl::UnimplementedError("NCCL needs a CUDA build of LibTorch (set FERRY_LIBTORCH to one)");
+#endif
 }
 
 void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {

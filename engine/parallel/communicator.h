@@ -77,6 +77,10 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeTcpStore(const std::string& 
 c10::intrusive_ptr<c10d::Store> PrefixedStore(const std::string& prefix, c10::intrusive_ptr<c10d::Store> store);
 
 struct CommunicatorOptions {
+  // Gloo for CPU tensors (CPU and the simulated device); NCCL for CUDA
+  // tensors, in a CUDA build of LibTorch.
+  enum class Backend { kGloo, kNccl };
+  Backend backend = Backend::kGloo;
   // For messages: what the group is for.
   std::string name = "world";
   // A collective that has not finished by then fails the job.
@@ -107,6 +111,12 @@ struct ParallelGroups {
 };
 absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store> store, int world_rank,
                                                   int tensor, int data, const CommunicatorOptions& options);
+
+// Joins with NCCL, for CUDA tensors: needs a CUDA build of LibTorch
+// (UNIMPLEMENTED otherwise). Compiled against such a build; not run here.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                                                                     int rank, int size,
+                                                                     const CommunicatorOptions& options);
 
 // Counts the collectives another communicator runs, and their bytes: what
 // the tests check a layer's communication against.

@@ -305,8 +305,15 @@ int RunWorker(const WorkerOptions& options) {
                                                         options.world_size, ")")),
                 kWorkerBadUsage);
   }
+  // Under a launcher, "auto" is this rank's GPU (LOCAL_RANK) where there are
+  // GPUs, else the CPU.
+  std::string device_name = options.device;
+  if (launched && device_name == "auto") {
+    absl::StatusOr<c10::Device> resolved = ResolveDevice("auto");
+    if (resolved.ok() && resolved->is_cuda()) device_name = absl::StrCat("cuda:", options.local_rank);
+  }
   absl::StatusOr<std::unique_ptr<MemoryDevice>> device =
-      MakeMemoryDevice(options.device, spec->memory().device_budget());
+      MakeMemoryDevice(device_name, spec->memory().device_budget());
   if (!device.ok()) return Fail(reporter, device.status(), kWorkerBadUsage);
   absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec);
   if (!source.ok()) return Fail(reporter, source.status(), kWorkerFailed);
@@ -327,6 +334,9 @@ int RunWorker(const WorkerOptions& options) {
     if (!store.ok()) return Fail(reporter, store.status(), kWorkerFailed);
     CommunicatorOptions comm;
     comm.timeout = timeout;
+    // NCCL for GPU tensors, Gloo for CPU ones.
+    comm.backend = (*device)->compute_device().is_cuda() ? CommunicatorOptions::Backend::kNccl
+                                                         : CommunicatorOptions::Backend::kGloo;
     // Gloo binds where the other ranks can reach this one: loopback when
     // they are all on this machine, else this host's name.
     const bool local = options.master_addr == "127.0.0.1" || options.master_addr == "localhost";

@@ -182,9 +182,11 @@ print(f"final loss: one rank {one:.8f}, two tensor ranks {two:.8f}")
 assert abs(one - two) < 1e-5
 PYEOF
 # Every rank's shard has its placement.
-"$FERRY" memory "$TP" --rank=1 | head -1 | grep -q "$TP rank 1 of 2  auto policy" || fail "ferry memory --rank=1: $("$FERRY" memory "$TP" --rank=1 | head -1)"
+"$FERRY" memory "$TP" --rank=1 >"$WORK/rank1.txt" || fail "ferry memory --rank=1 failed"
+head -1 "$WORK/rank1.txt" | grep -q "$TP rank 1 of 2  auto policy" || fail "ferry memory --rank=1: $(head -1 "$WORK/rank1.txt")"
 expect_refusal 2 "rank: job $TP has 2 ranks; use 0 to 1" -- memory "$TP" --rank=2
-curl -sf "http://$METRICS/metrics" | grep -q '^ferry_rank_memory_bytes{rank="1",tier="device"}' \
+curl -sf "http://$METRICS/metrics" >"$WORK/ranked-metrics.txt" || fail "cannot scrape /metrics"
+grep -q '^ferry_rank_memory_bytes{rank="1",tier="device"}' "$WORK/ranked-metrics.txt" \
   || fail "/metrics has no memory series for rank 1"
 # A rank killed mid-training fails the job naming the rank; no worker stays.
 PAR="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.data=2 -o json | json "d['id']")"
