@@ -166,6 +166,9 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
   absl::Time stop_sent_at;
   // The first rank to end without finishing well: the job fails with it.
   const RankProcess* culprit = nullptr;
+  // Once a rank has failed, the others get a moment to report the
+  // collective that failed with it before they are killed.
+  absl::Time kill_others_at = absl::InfiniteFuture();
   std::string payload;
   char chunk[65536];
 
@@ -203,6 +206,10 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
 
   for (;;) {
     handle_stop();
+    if (absl::Now() >= kill_others_at) {
+      kill_all();
+      kill_others_at = absl::InfiniteFuture();
+    }
     std::vector<pollfd> fds;
     std::vector<RankProcess*> polled;
     for (const auto& r : ranks) {
@@ -227,8 +234,10 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
           culprit = &r;
           if (world > 1) {
             LOG(WARNING) << "job " << job_id << ": rank " << r.rank << " ended; stopping the other ranks";
+            kill_others_at = absl::Now() + std::min(options_.stop_grace, absl::Seconds(5));
+          } else {
+            kill_all();
           }
-          kill_all();
         }
         continue;
       }
@@ -292,12 +301,23 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
   }
 
   const std::string who = world > 1 && culprit != nullptr ? absl::StrCat("rank ", culprit->rank, ": ") : "";
+  // What another rank said failed with it (the collective, for a rank that
+  // died or hung).
+  std::string seen_by;
+  for (const auto& r : ranks) {
+    if (culprit != nullptr && r.get() != culprit && r->have_finished &&
+        r->finished.outcome() == Finished::OUTCOME_FAILED && !r->finished.error().empty()) {
+      seen_by = absl::StrCat("; rank ", r->rank, ": ", r->finished.error());
+      break;
+    }
+  }
   if (culprit != nullptr && culprit->have_finished) {
-    return Failed(who + (culprit->finished.error().empty() ? "the worker reported a failure" : culprit->finished.error()));
+    return Failed(who + (culprit->finished.error().empty() ? "the worker reported a failure" : culprit->finished.error()) +
+                  seen_by);
   }
   if (culprit != nullptr) {
     std::string error = absl::StrCat(who, "the worker ", DescribeWaitStatus(culprit->wait_status),
-                                     " before finishing; its log is ", culprit->log_path);
+                                     " before finishing; its log is ", culprit->log_path, seen_by);
     const std::string tail = FileTail(culprit->log_path, 5, 2000);
     if (!tail.empty()) absl::StrAppend(&error, "; it ends:\n", tail);
     return Failed(error);

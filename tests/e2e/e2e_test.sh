@@ -200,8 +200,11 @@ set +e; "$FERRY" watch "$PAR" >"$WORK/par.txt" 2>&1; rc=$?; set -e
 [ "$rc" -eq 1 ] || fail "watch of the job with a killed rank exited $rc, not 1"
 "$FERRY" get "$PAR" -o json >"$WORK/par.json"
 [ "$(json "d['state']" <"$WORK/par.json")" = "JOB_STATE_FAILED" ] || fail "the job with a killed rank is not FAILED"
-json "d['error']" <"$WORK/par.json" | grep -q "^rank 1: the worker was killed by signal 9" \
-  || fail "the error does not name the rank: $(json "d['error']" <"$WORK/par.json")"
+json "d['error']" <"$WORK/par.json" >"$WORK/par-error.txt"
+grep -q "^rank 1: the worker was killed by signal 9" "$WORK/par-error.txt" \
+  || fail "the error does not name the rank: $(cat "$WORK/par-error.txt")"
+grep -q "rank 0: training: all-reduce in the data group (rank 0 of 2) failed" "$WORK/par-error.txt" \
+  || fail "the error does not name the collective: $(cat "$WORK/par-error.txt")"
 pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind"
 "$FERRY" info >/dev/null || fail "ferryd stopped serving after a rank died"
 # Cancelling a two-rank job stops both ranks after the same step.
