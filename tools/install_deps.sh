@@ -10,7 +10,7 @@ PACKAGES=(
   # C++ libraries.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev libgtest-dev
-  libgmock-dev libgoogle-glog-dev libgflags-dev libsqlite3-dev libyaml-cpp-dev
+  libgmock-dev libgoogle-glog-dev libgflags-dev libsqlite3-dev libyaml-cpp-dev zlib1g-dev
   # An optimised BLAS for LibTorch: without it Debian falls back to the
   # reference BLAS, 20x slower at matrix products.
   libopenblas0-openmp

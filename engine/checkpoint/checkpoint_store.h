@@ -1,0 +1,54 @@
+#pragma once
+
+// Checkpoints on disk, written so that a crash at any moment leaves either
+// the previous checkpoint or the new one, never a half of one, and read so
+// that a damaged one is noticed and skipped for the one before.
+//
+//   ROOT/step-000000000100/MANIFEST   format, step, metadata, and each file's
+//                                     size and CRC-32
+//   ROOT/step-000000000100/<file>...  the contents (one per rank and kind)
+//   ROOT/latest                       the newest checkpoint's name (for
+//                                     people and tools; readers take the
+//                                     newest directory that verifies)
+//
+// A checkpoint is written into ROOT/.tmp-..., every file fsynced, then
+// renamed into place, then `latest` is replaced (write, fsync, rename); the
+// oldest beyond `keep` are removed. No LibTorch here: contents are bytes.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ferry {
+
+struct CheckpointContents {
+  int64_t step = 0;
+  // Small named values (spec hash, world layout, schedule state...): no
+  // spaces or newlines in names; values one line each.
+  std::map<std::string, std::string> meta;
+  // Named files: names are plain file names (no '/').
+  std::map<std::string, std::string> files;
+};
+
+// Writes `contents` under `root` (created if missing) and keeps the newest
+// `keep` (at least 1). Errors name the path and the cause (a full disk
+// shows as "No space left on device"); the previous checkpoints are then
+// untouched.
+absl::Status WriteCheckpoint(const std::string& root, const CheckpointContents& contents, int keep);
+
+struct LoadedCheckpoint {
+  CheckpointContents contents;
+  std::string path;
+  // Checkpoints passed over, newest first, each with why ("step-...: model.0:
+  // CRC-32 0x1234abcd, the manifest says 0x9f00e1c2").
+  std::vector<std::string> skipped;
+};
+
+// The newest checkpoint under `root` whose every file matches its manifest.
+// NOT_FOUND when there is none (`skipped` reasons in the message).
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root);
+
+}  // namespace ferry

@@ -1,0 +1,173 @@
+#include "engine/checkpoint/checkpoint_store.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace ferry {
+namespace {
+
+std::string FreshRoot(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string root = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  std::system(("rm -rf '" + root + "'").c_str());
+  return root;
+}
+
+CheckpointContents At(int64_t step) {
+  CheckpointContents c;
+  c.step = step;
+  c.meta["spec_hash"] = "abc123";
+  c.meta["world"] = "tensor 2 data 1";
+  c.files["rank0.model"] = std::string(1000, 'a') + std::to_string(step);
+  c.files["rank0.rng"] = std::string("\0\1\2\3", 4) + std::to_string(step);
+  return c;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void Spit(const std::string& path, const std::string& data) { std::ofstream(path, std::ios::binary) << data; }
+
+TEST(CheckpointStoreTest, RoundTripsAndKeepsTheNewest) {
+  const std::string root = FreshRoot("roundtrip");
+  for (int64_t step : {100, 200, 300}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 2).ok());
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.step, 300);
+  EXPECT_EQ(loaded->contents.files, At(300).files);
+  EXPECT_EQ(loaded->contents.meta, At(300).meta);
+  EXPECT_TRUE(loaded->skipped.empty());
+  EXPECT_EQ(Slurp(root + "/latest"), "step-000000000300\n");
+  EXPECT_TRUE(Exists(root + "/step-000000000200"));
+  EXPECT_FALSE(Exists(root + "/step-000000000100")) << "only the newest 2 are kept";
+}
+
+TEST(CheckpointStoreTest, NothingThereIsNotFound) {
+  const std::string root = FreshRoot("empty");
+  EXPECT_EQ(LoadLatestCheckpoint(root).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A crash between writing and renaming leaves a temporary directory (and
+// `latest` unchanged): the previous checkpoint is used, and the next write
+// clears the leftovers.
+TEST(CheckpointStoreTest, AnUnfinishedWriteIsIgnored) {
+  const std::string root = FreshRoot("crash");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
+  const std::string leftover = root + "/.tmp-step-000000000200-999";
+  ASSERT_EQ(mkdir(leftover.c_str(), 0755), 0);
+  Spit(leftover + "/rank0.model", "half");
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.step, 100);
+  // A directory renamed into place but without a manifest (a crash in a
+  // copy by hand) is skipped with the reason.
+  ASSERT_EQ(mkdir((root + "/step-000000000150").c_str(), 0755), 0);
+  loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->contents.step, 100);
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_NE(loaded->skipped[0].find("step-000000000150: no readable MANIFEST"), std::string::npos)
+      << loaded->skipped[0];
+  ASSERT_TRUE(WriteCheckpoint(root, At(300), 3).ok());
+  EXPECT_FALSE(Exists(leftover));
+}
+
+// Flipped bytes and truncation are caught by the manifest's checksums and
+// sizes; the previous checkpoint is used and the reason given.
+TEST(CheckpointStoreTest, DamagedCheckpointsAreSkippedWithTheReason) {
+  const std::string root = FreshRoot("damaged");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
+  ASSERT_TRUE(WriteCheckpoint(root, At(200), 3).ok());
+  const std::string model = root + "/step-000000000200/rank0.model";
+  std::string data = Slurp(model);
+  data[500] ^= 0x10;
+  Spit(model, data);
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.step, 100);
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_NE(loaded->skipped[0].find("step-000000000200: rank0.model: CRC-32"), std::string::npos)
+      << loaded->skipped[0];
+
+  Spit(root + "/step-000000000100/rank0.rng", std::string("\0\1", 2));
+  loaded = LoadLatestCheckpoint(root);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(loaded.status().message().find("rank0.rng: 2 bytes, the manifest says 7 (truncated?)"),
+            std::string::npos)
+      << loaded.status();
+}
+
+// `latest` is a pointer for people: a crash after the rename but before it
+// was updated leaves the newer, complete checkpoint, which is used.
+TEST(CheckpointStoreTest, TheNewestCompleteCheckpointWinsOverLatest) {
+  const std::string root = FreshRoot("latest");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
+  ASSERT_TRUE(WriteCheckpoint(root, At(200), 3).ok());
+  Spit(root + "/latest", "garbage");
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->contents.step, 200);
+  unlink((root + "/latest").c_str());
+  EXPECT_EQ(LoadLatestCheckpoint(root)->contents.step, 200);
+}
+
+TEST(CheckpointStoreTest, WriteErrorsNameThePathAndLeaveThePreviousOne) {
+  const std::string root = FreshRoot("errors");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
+  CheckpointContents bad = At(200);
+  bad.files["../escape"] = "x";
+  absl::Status s = WriteCheckpoint(root, bad, 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadLatestCheckpoint(root)->contents.step, 100);
+  const std::string file_root = FreshRoot("a_file");
+  Spit(file_root, "not a directory");
+  s = WriteCheckpoint(file_root + "/ckpt", At(1), 1);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(file_root + "/ckpt"), std::string::npos) << s;
+}
+
+// A write that runs out of room (here: a file-size limit, which fails
+// writes as a full disk does) reports the path and the cause, leaves the
+// previous checkpoint as it was, and leaves no partial directory.
+TEST(CheckpointStoreTest, RunningOutOfRoomKeepsThePreviousCheckpoint) {
+  const std::string root = FreshRoot("full");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
+  CheckpointContents big = At(200);
+  big.files["rank0.model"] = std::string(64 << 10, 'b');
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit small = old;
+  small.rlim_cur = 16 << 10;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status s = WriteCheckpoint(root, big, 3);
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot write"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("rank0.model"), std::string::npos) << s;
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->contents.step, 100);
+  EXPECT_TRUE(loaded->skipped.empty());
+  EXPECT_EQ(std::system(("ls -a '" + root + "' | grep -q tmp").c_str()) != 0, true) << "a partial directory was left";
+}
+
+}  // namespace
+}  // namespace ferry
