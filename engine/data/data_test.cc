@@ -145,5 +145,29 @@ TEST(SyntheticSourceTest, SuccessorsAreDistinctAndTheChainDependsOnlyOnItsSeed) 
   EXPECT_TRUE(differs);
 }
 
+// A saved position resumes the window sequence exactly: what a checkpoint
+// needs to continue the same training.
+TEST(TokenSourceTest, ARestoredPositionDrawsTheSameWindows) {
+  SyntheticSource synthetic(64, 2, 1, 9);
+  std::vector<int64_t> first, again;
+  synthetic.SampleWindows(3, 8, &first);
+  const std::string position = synthetic.SavePosition();
+  synthetic.SampleWindows(5, 8, &first);
+  ASSERT_TRUE(synthetic.RestorePosition(position).ok());
+  synthetic.SampleWindows(5, 8, &again);
+  EXPECT_EQ(first, again);
+
+  absl::Status wrong = synthetic.RestorePosition("file 1 2 3");
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("saved by a file source, not a synthetic one"), std::string::npos) << wrong;
+  EXPECT_EQ(synthetic.RestorePosition("synthetic nonsense").code(), absl::StatusCode::kInvalidArgument);
+  // A failed restore leaves the position as it was.
+  synthetic.SampleWindows(5, 8, &first);
+  ASSERT_TRUE(synthetic.RestorePosition(position).ok());
+  synthetic.SampleWindows(5, 8, &again);
+  synthetic.SampleWindows(5, 8, &again);
+  EXPECT_EQ(first, again);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -21,6 +21,10 @@ class SyntheticSource : public TokenSource {
                   uint64_t sample_seed);
 
   void SampleWindows(int64_t count, int64_t window, std::vector<int64_t>* tokens) override;
+  std::string SavePosition() const override { return EnginePosition("synthetic", rng_); }
+  absl::Status RestorePosition(const std::string& position) override {
+    return RestoreEnginePosition("synthetic", position, &rng_);
+  }
 
   // The successors of `token`.
   const int64_t* successors(int64_t token) const { return &successors_[token * branching_]; }

@@ -22,6 +22,10 @@ class TokenFileSource : public TokenSource {
   ~TokenFileSource() override;
 
   void SampleWindows(int64_t count, int64_t window, std::vector<int64_t>* tokens) override;
+  std::string SavePosition() const override { return EnginePosition("file", rng_); }
+  absl::Status RestorePosition(const std::string& position) override {
+    return RestoreEnginePosition("file", position, &rng_);
+  }
 
   int64_t token_count() const { return token_count_; }
 
