@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -1092,6 +1093,91 @@ std::vector<at::Tensor> ChunkManager::ParameterValues() const {
                          .view(t.param.sizes()));
   }
   return values;
+}
+
+namespace {
+
+constexpr char kStateMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'K', '1'};
+
+void AppendInt(std::string* out, int64_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+bool ReadInt(const std::string& in, size_t* at, int64_t* v) {
+  if (*at + sizeof *v > in.size()) return false;
+  std::memcpy(v, in.data() + *at, sizeof *v);
+  *at += sizeof *v;
+  return true;
+}
+
+}  // namespace
+
+std::string ChunkManager::SaveState() const {
+  HostAllocationScope host;
+  device_->SynchronizeTransfers();
+  std::string out(kStateMagic, sizeof kStateMagic);
+  AppendInt(&out, static_cast<int64_t>(chunks_.size()));
+  AppendInt(&out, static_cast<int64_t>(optimizer_.param_dtype));
+  for (const Chunk& chunk : chunks_) {
+    AppendInt(&out, chunk.capacity);
+    AppendInt(&out, chunk.optimizer_initialized ? 1 : 0);
+    for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
+      const Payload& p = chunk.payloads[static_cast<int>(kind)];
+      if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
+      if (!p.host_valid && !(p.resident && p.device_valid)) {
+        throw std::logic_error(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), ": no current copy to save"));
+      }
+      const at::Tensor current =
+          (p.host_valid ? p.host : p.device).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      AppendInt(&out, static_cast<int64_t>(p.bytes));
+      out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
+    }
+  }
+  return out;
+}
+
+absl::Status ChunkManager::RestoreState(const std::string& state) {
+  auto mismatch = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: ", what, "; it was saved for another model, precision or parallel layout"));
+  };
+  if (state.size() < sizeof kStateMagic || std::memcmp(state.data(), kStateMagic, sizeof kStateMagic) != 0) {
+    return absl::InvalidArgumentError("checkpoint: not a chunk state");
+  }
+  size_t at = sizeof kStateMagic;
+  int64_t count = 0, dtype = 0;
+  if (!ReadInt(state, &at, &count) || !ReadInt(state, &at, &dtype)) return mismatch("truncated chunk state");
+  if (count != static_cast<int64_t>(chunks_.size())) {
+    return mismatch(absl::StrCat(count, " chunks, this run has ", chunks_.size()));
+  }
+  if (dtype != static_cast<int64_t>(optimizer_.param_dtype)) return mismatch("parameters of another type");
+  HostAllocationScope host;
+  for (Chunk& chunk : chunks_) {
+    int64_t capacity = 0, initialized = 0;
+    if (!ReadInt(state, &at, &capacity) || !ReadInt(state, &at, &initialized)) return mismatch("truncated chunk state");
+    if (capacity != chunk.capacity) {
+      return mismatch(absl::StrCat("chunk ", chunk.id, " holds ", capacity, " elements, here ", chunk.capacity));
+    }
+    for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
+      Payload& p = chunk.payloads[static_cast<int>(kind)];
+      if (kind == PayloadKind::kOptimizer && initialized == 0) {
+        if (p.resident) Release(p);
+        p.host_valid = false;
+        continue;
+      }
+      int64_t bytes = 0;
+      if (!ReadInt(state, &at, &bytes) || bytes != static_cast<int64_t>(p.bytes) ||
+          at + static_cast<size_t>(bytes) > state.size()) {
+        return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
+      }
+      if (p.resident) Release(p);
+      EnsureHost(p);
+      std::memcpy(p.host.data_ptr(), state.data() + at, static_cast<size_t>(bytes));
+      at += static_cast<size_t>(bytes);
+      p.host_valid = true;
+    }
+    chunk.optimizer_initialized = initialized != 0;
+  }
+  if (at != state.size()) return mismatch("trailing bytes in the chunk state");
+  return absl::OkStatus();
 }
 
 std::string ChunkManager::ExplainOutOfMemory(const std::string& what) const {

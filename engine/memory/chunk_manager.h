@@ -140,6 +140,14 @@ class ChunkManager {
   // given to Create, on the CPU. Parameter tensors themselves may point at a
   // released chunk between periods: read them through this.
   std::vector<at::Tensor> ParameterValues() const;
+  // What a checkpoint keeps of the model data: every chunk's parameters and
+  // optimizer states (with the fp32 masters in mixed precision), read from
+  // wherever their current copy is. Between steps.
+  std::string SaveState() const;
+  // Before the first step: the chunks take SaveState()'s contents.
+  // INVALID_ARGUMENT if the layout differs (another model, precision or
+  // shard).
+  absl::Status RestoreState(const std::string& state);
   // A message for an out-of-memory error raised during the step: where it
   // happened, what was on the device, and what to change.
   std::string ExplainOutOfMemory(const std::string& what) const;

@@ -1,5 +1,7 @@
 #include "engine/optim/loss_scaler.h"
 
+#include <cstdio>
+
 #include <algorithm>
 
 namespace ferry {
@@ -18,6 +20,23 @@ void DynamicLossScaler::Update(bool overflow) {
     clean_steps_ = 0;
     scale_ = std::min(options_.max_scale, scale_ * options_.growth_factor);
   }
+}
+
+std::string DynamicLossScaler::State() const {
+  char buffer[96];
+  std::snprintf(buffer, sizeof(buffer), "%a %lld %lld", scale_, static_cast<long long>(clean_steps_),
+                static_cast<long long>(skipped_));
+  return buffer;
+}
+
+bool DynamicLossScaler::Restore(const std::string& state) {
+  double scale = 0;
+  long long clean = 0, skipped = 0;
+  if (std::sscanf(state.c_str(), "%la %lld %lld", &scale, &clean, &skipped) != 3 || !(scale > 0)) return false;
+  scale_ = scale;
+  clean_steps_ = clean;
+  skipped_ = skipped;
+  return true;
 }
 
 }  // namespace ferry

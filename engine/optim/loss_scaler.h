@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 // Dynamic loss scaling for fp16 training: the loss is multiplied by the scale
 // before backward so that small gradients survive fp16; a step whose
 // gradients overflow (inf or NaN) is skipped and the scale backs off; after
@@ -30,6 +32,11 @@ class DynamicLossScaler {
 
   // After a step: whether its gradients overflowed (and it was skipped).
   void Update(bool overflow);
+
+  // Its whole state as text, and back (for checkpoints); false for text
+  // State() did not make.
+  std::string State() const;
+  bool Restore(const std::string& state);
 
  private:
   LossScalerOptions options_;

@@ -5,11 +5,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "engine/common/cpu_generator.h"
 #include "engine/common/host_info.h"
 #include "engine/common/status_macros.h"
@@ -40,6 +45,17 @@ class StepEngine {
   // Fills the memory part of the report.
   virtual void Report(StepReport* report) = 0;
   virtual std::string ExplainOutOfMemory(const std::string& what) const = 0;
+  // This engine's part of a checkpoint, as files named `prefix` + "...".
+  virtual absl::Status SaveState(const std::string& prefix, std::map<std::string, std::string>* files) {
+    (void)prefix;
+    (void)files;
+    return absl::UnimplementedError("checkpoints need the memory manager's chunks");
+  }
+  virtual absl::Status RestoreState(const std::string& prefix, const std::map<std::string, std::string>& files) {
+    (void)prefix;
+    (void)files;
+    return absl::UnimplementedError("checkpoints need the memory manager's chunks");
+  }
 };
 
 // The plain LibTorch loop: the model on the device, torch::optim::AdamW.
@@ -189,6 +205,28 @@ class ChunkedEngine : public StepEngine {
     return manager_->ExplainOutOfMemory(what);
   }
 
+  absl::Status SaveState(const std::string& prefix, std::map<std::string, std::string>* files) override {
+    (*files)[prefix + "chunks"] = manager_->SaveState();
+    (*files)[prefix + "engine"] = absl::StrCat(updates_, " ", scaler_ ? scaler_->State() : "-");
+    return absl::OkStatus();
+  }
+
+  absl::Status RestoreState(const std::string& prefix, const std::map<std::string, std::string>& files) override {
+    auto chunks = files.find(prefix + "chunks");
+    auto engine = files.find(prefix + "engine");
+    if (chunks == files.end() || engine == files.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: no ", prefix, "chunks or ", prefix,
+                                                     "engine; it was written for another parallel layout"));
+    }
+    RETURN_IF_ERROR(manager_->RestoreState(chunks->second));
+    const std::vector<std::string> parts = absl::StrSplit(engine->second, absl::MaxSplits(' ', 1));
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &updates_) ||
+        (scaler_ != nullptr && !scaler_->Restore(parts[1]))) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", prefix, "engine is damaged or from another precision"));
+    }
+    return absl::OkStatus();
+  }
+
  private:
   ChunkedEngine(Gpt model, const TrainOptions& train, MemoryDevice* device, ManagerGroups groups,
                 TrainingObserver* observer)
@@ -329,15 +367,60 @@ absl::Status Trainer::RunSteps() {
     }
     engine = std::make_unique<PlainEngine>(std::move(model), options_, device);
   }
+  // This rank's files in a checkpoint.
+  const int world_rank = (engine_.data != nullptr ? engine_.data->rank() : 0) * tensor_ranks +
+                         (engine_.tensor != nullptr ? engine_.tensor->rank() : 0);
+  const std::string prefix = absl::StrCat("rank", world_rank, ".");
+  const std::string world = absl::StrCat(tensor_ranks, "x", data_ranks);
+  int64_t first_step = 0;
+  if (engine_.resume != nullptr) {
+    const CheckpointContents& resume = *engine_.resume;
+    auto it = resume.meta.find("world");
+    if (it == resume.meta.end() || it->second != world) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: written by a world of ",
+                                                     it == resume.meta.end() ? "?" : it->second,
+                                                     " (tensor x data) ranks, this run has ", world));
+    }
+    RETURN_IF_ERROR(engine->RestoreState(prefix, resume.files));
+    auto generator = resume.files.find(prefix + "generator");
+    auto position = resume.files.find(prefix + "data");
+    if (generator == resume.files.end() || position == resume.files.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: no ", prefix, "generator or ", prefix, "data"));
+    }
+    RETURN_IF_ERROR(data_->RestorePosition(position->second));
+    at::Tensor bytes = at::empty({static_cast<int64_t>(generator->second.size())}, at::kByte);
+    std::memcpy(bytes.data_ptr(), generator->second.data(), generator->second.size());
+    at::Generator g = CpuGenerator();
+    {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_state(bytes);
+    }
+    first_step = resume.step;
+  }
+  auto checkpoint = [&](int64_t steps_done) -> absl::Status {
+    CheckpointContents c;
+    c.step = steps_done;
+    c.meta["world"] = world;
+    RETURN_IF_ERROR(engine->SaveState(prefix, &c.files));
+    c.files[prefix + "data"] = data_->SavePosition();
+    at::Generator g = CpuGenerator();
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      state = g.get_state();
+    }
+    c.files[prefix + "generator"] = std::string(static_cast<const char*>(state.data_ptr()), state.numel());
+    return engine_.on_checkpoint(c);
+  };
   observer_->OnStarted({device->name(), model_config_.ParameterCount(), options_.steps});
 
   const int64_t batch = options_.batch_size;
   const int64_t time = model_config_.seq_len;
   std::vector<int64_t> window_tokens;
-  int64_t tokens_seen = 0;
+  int64_t tokens_seen = first_step * batch * time;
   const Clock::time_point start = Clock::now();
 
-  for (int64_t step = 0; step < options_.steps; ++step) {
+  for (int64_t step = first_step; step < options_.steps; ++step) {
     bool stop = observer_->StopRequested();
     if (tensor_ranks * data_ranks > 1) {
       // Every rank stops after the same step, or the others would wait in
@@ -390,6 +473,10 @@ absl::Status Trainer::RunSteps() {
     report.capacity = {{"device", "", device->capacity_bytes()},
                        {"host", "", host_budget > 0 ? host_budget : HostMemoryTotalBytes()}};
     observer_->OnStep(report);
+    if (engine_.on_checkpoint && engine_.checkpoint_every_steps > 0 &&
+        ((step + 1) % engine_.checkpoint_every_steps == 0 || step + 1 == options_.steps)) {
+      RETURN_IF_ERROR(checkpoint(step + 1));
+    }
   }
   return absl::OkStatus();
 }

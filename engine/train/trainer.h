@@ -1,9 +1,11 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 
 #include "absl/status/status.h"
+#include "engine/checkpoint/checkpoint_store.h"
 #include "engine/data/token_source.h"
 #include "engine/memory/chunk_manager.h"
 #include "engine/memory/memory_device.h"
@@ -29,6 +31,15 @@ struct EngineOptions {
   // same for every T and D. Needs the memory manager.
   Communicator* tensor = nullptr;
   Communicator* data = nullptr;
+  // Checkpoints (with the memory manager): start from `resume`, a previous
+  // run's checkpoint (this rank's files: model data and optimizer states,
+  // update count, loss scaler, random generator, data position), continuing
+  // at its step exactly as the uninterrupted run would; and every
+  // `checkpoint_every_steps` steps, and after the last, hand this rank's
+  // state to `on_checkpoint` (whose error stops training).
+  const CheckpointContents* resume = nullptr;
+  int64_t checkpoint_every_steps = 0;
+  std::function<absl::Status(const CheckpointContents&)> on_checkpoint;
 };
 
 // The step loop: sample a batch, forward, backward, clip, AdamW step, report.

@@ -337,6 +337,67 @@ TEST(TrainerTest, AutoRecomputeCompletesWhereNoneRunsOutOfMemory) {
   EXPECT_EQ(automatic->observer.Losses(), ample_losses);
 }
 
+// A run stopped after a checkpoint and resumed from it continues exactly as
+// the uninterrupted run: every later loss and gradient norm bit for bit
+// (fp32 and bf16, dropout on, a budget that moves chunks).
+TEST(TrainerTest, ResumingFromACheckpointIsTheSameTrainingBitForBit) {
+  for (TrainOptions::Precision precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
+    SCOPED_TRACE(precision == TrainOptions::Precision::kFp32 ? "fp32" : "bf16");
+    TrainOptions o = Quick(9);
+    o.precision = precision;
+    auto ample = Train(ActivationHeavy(), Quick(2), kAmple, MemoryOptions());
+    ASSERT_TRUE(ample->status.ok());
+    const uint64_t budget = PlannedNeed(ample->observer.placement, false) * 6 / 5;
+
+    std::map<int64_t, CheckpointContents> saved;
+    auto run = std::make_unique<TrainRun>();
+    {
+      SimulatedDevice device(budget);
+      EngineOptions engine;
+      engine.device = &device;
+      engine.checkpoint_every_steps = 3;
+      engine.on_checkpoint = [&](const CheckpointContents& c) {
+        saved[c.step] = c;
+        return absl::OkStatus();
+      };
+      run->status = Trainer(ActivationHeavy(), o, engine, Chain(1), &run->observer).Run();
+    }
+    ASSERT_TRUE(run->status.ok()) << run->status;
+    ASSERT_EQ(saved.size(), 3u) << "after steps 3, 6 and 9";
+    ASSERT_EQ(saved.count(6), 1u);
+
+    auto resumed = std::make_unique<TrainRun>();
+    {
+      SimulatedDevice device(budget);
+      EngineOptions engine;
+      engine.device = &device;
+      engine.resume = &saved[6];
+      resumed->status = Trainer(ActivationHeavy(), o, engine, Chain(1), &resumed->observer).Run();
+    }
+    ASSERT_TRUE(resumed->status.ok()) << resumed->status;
+    ASSERT_EQ(resumed->observer.reports.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const StepReport& a = run->observer.reports[6 + i];
+      const StepReport& b = resumed->observer.reports[i];
+      EXPECT_EQ(b.step, a.step);
+      EXPECT_EQ(b.loss, a.loss) << "step " << a.step;
+      EXPECT_EQ(b.grad_norm, a.grad_norm) << "step " << a.step;
+    }
+
+    // A checkpoint of another model is refused with what differs.
+    GptConfig other = ActivationHeavy();
+    other.layers = 5;
+    SimulatedDevice device(kAmple);
+    EngineOptions engine;
+    engine.device = &device;
+    engine.resume = &saved[6];
+    RecordingObserver observer;
+    const absl::Status wrong = Trainer(other, o, engine, Chain(1), &observer).Run();
+    EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
+    EXPECT_NE(wrong.message().find("saved for another model"), std::string::npos) << wrong;
+  }
+}
+
 TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {
   auto run = Train(SixLayers(), Small(3), 64 << 10, MemoryOptions());
   EXPECT_EQ(run->status.code(), absl::StatusCode::kResourceExhausted) << run->status;
