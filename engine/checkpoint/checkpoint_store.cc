@@ -95,6 +95,20 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return data;
 }
 
+// mkdir -p.
+absl::Status MakeDirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i < path.size() && path[i] != '/') continue;
+    const std::string prefix = path.substr(0, i);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) return Errno("cannot create", prefix);
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint: ", path, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = opendir(dir.c_str());
@@ -185,8 +199,12 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(const std::string& dir) {
 
 }  // namespace
 
+std::string Fingerprint(const std::string& bytes) {
+  return absl::StrFormat("crc32-%08x-%d", Crc32(bytes), bytes.size());
+}
+
 absl::Status WriteCheckpoint(const std::string& root, const CheckpointContents& contents, int keep) {
-  if (mkdir(root.c_str(), 0755) != 0 && errno != EEXIST) return Errno("cannot create", root);
+  if (absl::Status s = MakeDirs(root); !s.ok()) return s;
   // What an earlier crash left half-written.
   for (const std::string& name : ListDir(root)) {
     if (name.rfind(".tmp-", 0) == 0) RemoveTree(root + "/" + name);

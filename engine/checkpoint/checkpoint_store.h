@@ -33,11 +33,15 @@ struct CheckpointContents {
   std::map<std::string, std::string> files;
 };
 
-// Writes `contents` under `root` (created if missing) and keeps the newest
+// Writes `contents` under `root` (created with its parents if missing) and keeps the newest
 // `keep` (at least 1). Errors name the path and the cause (a full disk
 // shows as "No space left on device"); the previous checkpoints are then
 // untouched.
 absl::Status WriteCheckpoint(const std::string& root, const CheckpointContents& contents, int keep);
+
+// A short, stable digest of `bytes` (CRC-32 and length) for checkpoint
+// metadata: e.g. of the settings a checkpoint was written under.
+std::string Fingerprint(const std::string& bytes);
 
 struct LoadedCheckpoint {
   CheckpointContents contents;

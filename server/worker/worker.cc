@@ -5,12 +5,16 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/checkpoint/checkpoint_store.h"
+#include "engine/common/status_macros.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/data/token_file_source.h"
 #include "engine/device/device.h"
@@ -18,6 +22,8 @@
 #include "engine/parallel/communicator.h"
 #include "engine/train/trainer.h"
 #include "ferry/internal/worker.pb.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
@@ -253,6 +259,22 @@ int Fail(Reporter& reporter, const absl::Status& status, int code) {
   return code;
 }
 
+// What a checkpoint must have been written by to resume from it: the spec
+// less what may change between runs (steps, name, checkpointing itself).
+std::string TrainingFingerprint(const ferry::v1::JobSpec& spec) {
+  ferry::v1::JobSpec s = spec;
+  s.clear_name();
+  s.mutable_train()->clear_steps();
+  s.clear_checkpoint();
+  std::string bytes;
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  s.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return Fingerprint(bytes);
+}
+
 absl::StatusOr<std::unique_ptr<TokenSource>> MakeSource(const ferry::v1::JobSpec& spec) {
   const ferry::v1::DataSpec& data = spec.data();
   if (data.has_synthetic()) {
@@ -318,10 +340,6 @@ int RunWorker(const WorkerOptions& options) {
   absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec);
   if (!source.ok()) return Fail(reporter, source.status(), kWorkerFailed);
 
-  if (spec->has_checkpoint() && !spec->checkpoint().dir().empty()) {
-    reporter.OnLog(LogLevel::kWarning,
-                   "checkpoint: settings accepted, but this release writes no checkpoints");
-  }
   EngineOptions engine;
   engine.device = device->get();
   engine.memory = ToMemoryOptions(spec->memory());
@@ -347,6 +365,46 @@ int RunWorker(const WorkerOptions& options) {
     groups = std::move(*joined);
     engine.tensor = groups.tensor.get();
     engine.data = groups.data.get();
+  }
+  // Checkpoints: each rank in its own directory under checkpoint.dir;
+  // resume from the newest one that verifies, if it is this job's.
+  std::optional<CheckpointContents> resume;
+  const ferry::v1::CheckpointSpec& checkpoint = spec->checkpoint();
+  if (!checkpoint.dir().empty()) {
+    const std::string root = absl::StrCat(checkpoint.dir(), "/rank", options.rank);
+    const std::string fingerprint = TrainingFingerprint(*spec);
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+    if (loaded.ok()) {
+      for (const std::string& why : loaded->skipped) {
+        reporter.OnLog(LogLevel::kWarning, absl::StrCat("checkpoint: skipped ", why));
+      }
+      if (loaded->contents.meta["training"] != fingerprint) {
+        return Fail(reporter,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "checkpoint.dir: ", checkpoint.dir(), " holds a checkpoint of another training (the model, ",
+                        "data, train or parallel settings differ); use an empty directory")),
+                    kWorkerBadUsage);
+      }
+      reporter.OnLog(LogLevel::kInfo, absl::StrCat("checkpoint: resuming after step ", loaded->contents.step,
+                                                   " from ", loaded->path));
+      resume = std::move(loaded->contents);
+      engine.resume = &*resume;
+    } else if (!absl::IsNotFound(loaded.status())) {
+      return Fail(reporter, loaded.status(), kWorkerFailed);
+    } else if (loaded.status().message().find("skipped") != std::string::npos) {
+      reporter.OnLog(LogLevel::kWarning, std::string(loaded.status().message()));
+    }
+    engine.checkpoint_every_steps = static_cast<int64_t>(checkpoint.every_steps());
+    const int keep = static_cast<int>(checkpoint.keep());
+    engine.on_checkpoint = [root, fingerprint, keep, &reporter](const CheckpointContents& c) -> absl::Status {
+      CheckpointContents stamped = c;
+      stamped.meta["training"] = fingerprint;
+      const absl::Time start = absl::Now();
+      RETURN_IF_ERROR(WriteCheckpoint(root, stamped, keep));
+      reporter.OnLog(LogLevel::kInfo, absl::StrFormat("checkpoint: step %d written to %s in %.2f s", c.step, root,
+                                                      absl::ToDoubleSeconds(absl::Now() - start)));
+      return absl::OkStatus();
+    };
   }
   Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(*source),
                   &reporter);
