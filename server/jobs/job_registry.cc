@@ -242,6 +242,12 @@ void JobRegistry::AppendLog(const std::string& id, ferry::v1::Severity severity,
   record->events->Append(std::move(event));
 }
 
+void JobRegistry::RecordAttempt(const std::string& id, uint32_t attempt) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record != nullptr) record->job.set_attempts(attempt);
+}
+
 void JobRegistry::RecordPlacement(const std::string& id, const ferry::v1::MemoryPlacement& placement) {
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);

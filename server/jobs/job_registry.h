@@ -92,6 +92,8 @@ class JobRegistry {
   // Waits up to `timeout` for a pending job, marks it RUNNING and returns it.
   // nullopt on timeout or once draining.
   std::optional<RunnableJob> TakeNext(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Run `attempt` (1 for the first) of the job is starting.
+  void RecordAttempt(const std::string& id, uint32_t attempt) ABSL_LOCKS_EXCLUDED(mu_);
   // The worker started on `device`.
   void RecordStarted(const std::string& id, const std::string& device) ABSL_LOCKS_EXCLUDED(mu_);
   void RecordProgress(const std::string& id, const ferry::v1::Progress& progress)

@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "server/common/enum_names.h"
 
 namespace ferry {
@@ -46,7 +48,23 @@ void JobRunner::Loop() {
     if (!job) continue;
     LOG(INFO) << "job " << job->id << " starting";
     RegistryListener listener(registry_, job->id);
-    RunOutcome outcome = executor_->Run(job->id, job->spec, *job->stop, &listener);
+    RunOutcome outcome;
+    for (uint32_t attempt = 1;; ++attempt) {
+      registry_->RecordAttempt(job->id, attempt);
+      outcome = executor_->Run(job->id, job->spec, *job->stop, &listener);
+      if (outcome.state != ferry::v1::JOB_STATE_FAILED || job->stop->requested() ||
+          attempt > job->spec.max_restarts() || registry_->draining()) {
+        break;
+      }
+      const std::string resume = job->spec.checkpoint().dir().empty()
+                                     ? "from the start (no checkpoint.dir)"
+                                     : "from its newest checkpoint";
+      LOG(WARNING) << "job " << job->id << " run " << attempt << " failed: " << outcome.error << "; restarting "
+                   << resume;
+      listener.OnLog(ferry::v1::SEVERITY_WARNING,
+                     absl::StrCat("run ", attempt, " failed (", outcome.error, "); restarting ", resume, ", ",
+                                  job->spec.max_restarts() - attempt + 1, " restart(s) left before this one"));
+    }
     LOG(INFO) << "job " << job->id << " " << StateName(outcome.state)
               << (outcome.error.empty() ? "" : ": " + outcome.error);
     registry_->Finish(job->id, outcome.state, outcome.error);

@@ -275,6 +275,7 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   // Memory figures only mean something for a well-formed model.
   if (model_ok) CheckMemory(p, spec, machine);
   CheckParallel(p, spec);
+  p.Range<uint32_t>("max_restarts", spec.max_restarts(), 0, 100);
   CheckCheckpoint(p, spec.checkpoint());
   return p.ToStatus();
 }

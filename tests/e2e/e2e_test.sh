@@ -218,6 +218,26 @@ set +e; "$FERRY" watch "$PARC" >/dev/null 2>&1; set -e
 [ "$("$FERRY" get "$PARC" -o json | json "d['state']")" = "JOB_STATE_CANCELLED" ] || fail "the two-rank job was not cancelled"
 pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind after a cancel"
 
+# A worker killed mid-training is restarted (max_restarts) and resumes from
+# its newest checkpoint: the job succeeds at the undisturbed job's loss.
+RESUME_SET="train.steps=200,model.dropout=0.1,max_restarts=2,checkpoint.every_steps=40"
+CALM="$("$FERRY" submit "$EXAMPLE" --set=$RESUME_SET,checkpoint.dir=$WORK/calm-ckpt -o json | json "d['id']")"
+"$FERRY" watch "$CALM" >/dev/null 2>&1 || fail "the undisturbed checkpointed job failed"
+HIT="$("$FERRY" submit "$EXAMPLE" --set=$RESUME_SET,checkpoint.dir=$WORK/hit-ckpt -o json | json "d['id']")"
+for _ in $(seq 1 600); do [ -d "$WORK/hit-ckpt/rank0/step-000000000080" ] && break; sleep 0.05; done
+[ -d "$WORK/hit-ckpt/rank0/step-000000000080" ] || fail "no checkpoint at step 80"
+kill -9 "$(pgrep -f -- "--spec=$WORK/state/jobs/$HIT/spec.json")"
+"$FERRY" watch "$HIT" >"$WORK/hit.txt" 2>&1 || fail "the restarted job did not succeed: $(tail -3 "$WORK/hit.txt")"
+"$FERRY" get "$HIT" -o json >"$WORK/hit.json"
+[ "$(json "d['attempts']" <"$WORK/hit.json")" = "2" ] || fail "the job was not restarted once"
+"$PY" - "$("$FERRY" get "$CALM" -o json | json "d['progress']['loss']")" "$(json "d['progress']['loss']" <"$WORK/hit.json")" <<'PYEOF' \
+  || fail "the restarted job did not end where the undisturbed one did"
+import sys
+calm, hit = sys.argv[1:]
+print(f"final loss: undisturbed {calm}, killed and restarted {hit}")
+assert calm == hit
+PYEOF
+
 # SIGTERM: the daemon exits cleanly.
 kill -TERM "$DAEMON"
 for _ in $(seq 1 300); do kill -0 "$DAEMON" 2>/dev/null || break; sleep 0.1; done
