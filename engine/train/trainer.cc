@@ -430,7 +430,15 @@ absl::Status Trainer::RunSteps() {
       if (engine_.data != nullptr) engine_.data->AllReduce(any, ReduceOp::kMax);
       stop = any.item<float>() > 0;
     }
-    if (stop) return absl::CancelledError(absl::StrCat("stopped after step ", step));
+    if (stop) {
+      // Asked to stop (a cancel, or SIGTERM to the worker): keep what was
+      // done since the last checkpoint.
+      if (engine_.on_checkpoint && engine_.checkpoint_every_steps > 0 && step > first_step &&
+          step % engine_.checkpoint_every_steps != 0) {
+        RETURN_IF_ERROR(checkpoint(step));
+      }
+      return absl::CancelledError(absl::StrCat("stopped after step ", step));
+    }
     const Clock::time_point step_start = Clock::now();
     data_->SampleWindows(batch, time + 1, &window_tokens);
     double loss_value = 0, grad_norm = 0;

@@ -35,8 +35,8 @@ struct EngineOptions {
   // run's checkpoint (this rank's files: model data and optimizer states,
   // update count, loss scaler, random generator, data position), continuing
   // at its step exactly as the uninterrupted run would; and every
-  // `checkpoint_every_steps` steps, and after the last, hand this rank's
-  // state to `on_checkpoint` (whose error stops training).
+  // `checkpoint_every_steps` steps, after the last, and when asked to stop,
+  // hand this rank's state to `on_checkpoint` (whose error stops training).
   const CheckpointContents* resume = nullptr;
   int64_t checkpoint_every_steps = 0;
   std::function<absl::Status(const CheckpointContents&)> on_checkpoint;

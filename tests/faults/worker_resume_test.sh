@@ -39,6 +39,21 @@ RESUMED="$(sed -n 's/^final loss //p' "$WORK/resumed.out")"
 echo "undisturbed $CALM, killed and resumed $RESUMED"
 [ "$RESUMED" = "$CALM" ] || fail "resumed run ended at $RESUMED, undisturbed at $CALM"
 
+# SIGTERM: the worker stops after the current step, checkpoints it, and
+# exits 3 (cancelled); the next run resumes right there.
+job "$WORK/term.yaml" "$WORK/term-ckpt"
+"$WORKER" --spec="$WORK/term.yaml" >"$WORK/term.out" 2>&1 &
+PID=$!
+for _ in $(seq 1 600); do grep -q "^step 60/" "$WORK/term.out" && break; sleep 0.05; done
+kill -TERM "$PID"
+set +e; wait "$PID"; rc=$?; set -e
+[ "$rc" -eq 3 ] || fail "a worker asked to stop exited $rc, not 3"
+STOPPED="$(sed -n 's/^checkpoint: step \([0-9]*\) written.*/\1/p' "$WORK/term.out" | tail -1)"
+[ -n "$STOPPED" ] && [ $((STOPPED % 50)) -ne 0 ] || fail "no checkpoint at the stop (last: '$STOPPED')"
+"$WORKER" --spec="$WORK/term.yaml" >"$WORK/term2.out" 2>&1 || fail "the run after SIGTERM failed"
+grep -q "checkpoint: resuming after step $STOPPED " "$WORK/term2.out" || fail "it did not resume after step $STOPPED"
+[ "$(sed -n 's/^final loss //p' "$WORK/term2.out")" = "$CALM" ] || fail "the run after SIGTERM ended elsewhere"
+
 # Damage the newest checkpoint of a finished run's directory: the next run
 # skips it, says why, and resumes from the one before.
 NEWEST="$(ls -d "$WORK/calm-ckpt/rank0/step-"* | sort | tail -1)"
