@@ -76,6 +76,7 @@ Run Measure(const GptConfig& model, int64_t steps, int64_t batch, int tensor, in
           Trainer(model, train, engine, std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1),
                   &observers[static_cast<size_t>(r)])
               .Run();
+      if (results[static_cast<size_t>(r)].ok()) results[static_cast<size_t>(r)] = FinishParallelGroups(*groups);
       uint64_t bytes = 0;
       for (const auto& call : t.calls()) bytes += call.bytes;
       for (const auto& call : d.calls()) bytes += call.bytes;

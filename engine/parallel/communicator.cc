@@ -221,8 +221,17 @@ absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store
     CommunicatorOptions o = options;
     o.name = kind;
     c10::intrusive_ptr<c10d::Store> prefixed = PrefixedStore(absl::StrCat(kind, "-", group), store);
-    return options.backend == CommunicatorOptions::Backend::kNccl ? CreateNcclCommunicator(prefixed, rank, size, o)
-                                                                  : CreateGlooCommunicator(prefixed, rank, size, o);
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        options.backend == CommunicatorOptions::Backend::kNccl ? CreateNcclCommunicator(prefixed, rank, size, o)
+                                                               : CreateGlooCommunicator(prefixed, rank, size, o);
+    if (!comm.ok()) return comm.status();
+    // Every member connected before the group is used.
+    try {
+      (*comm)->Barrier();
+    } catch (const CollectiveException& e) {
+      return absl::UnavailableError(e.what());
+    }
+    return comm;
   };
   absl::StatusOr<std::unique_ptr<Communicator>> tensor_group = join("tensor", d, t, tensor);
   if (!tensor_group.ok()) return tensor_group.status();
@@ -256,6 +265,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(c10::intrus
   (void)options;
   return absl::UnimplementedError("NCCL needs a CUDA build of LibTorch (set FERRY_LIBTORCH to one)");
 #endif
+}
+
+absl::Status FinishParallelGroups(const ParallelGroups& groups) {
+  try {
+    if (groups.tensor != nullptr) groups.tensor->Barrier();
+    if (groups.data != nullptr) groups.data->Barrier();
+  } catch (const CollectiveException& e) {
+    return absl::UnavailableError(e.what());
+  }
+  return absl::OkStatus();
 }
 
 void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {

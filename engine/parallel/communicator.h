@@ -104,13 +104,18 @@ std::unique_ptr<Communicator> MakeSoloCommunicator(const std::string& name);
 // w = d * tensor + t is tensor rank t of data group member d. Its tensor
 // group is the `tensor` ranks with its d, its data group the `data` ranks
 // with its t; a group of one is solo (no backend). `store` is shared by the
-// world; each group meets under its own prefix of it.
+// world; each group meets under its own prefix of it. Returns once every
+// member of both groups has connected. Before tearing the groups down after
+// use, call FinishParallelGroups on every rank.
 struct ParallelGroups {
   std::unique_ptr<Communicator> tensor;
   std::unique_ptr<Communicator> data;
 };
 absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store> store, int world_rank,
                                                   int tensor, int data, const CommunicatorOptions& options);
+// Waits until every rank is done with the groups (a rank that closes its
+// connections while a peer's last messages are in flight fails the peer).
+absl::Status FinishParallelGroups(const ParallelGroups& groups);
 
 // Joins with NCCL, for CUDA tensors: needs a CUDA build of LibTorch
 // (UNIMPLEMENTED otherwise). Compiled against such a build; not run here.

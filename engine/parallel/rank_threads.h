@@ -28,7 +28,20 @@ inline void RunRanks(int size, const std::function<void(int rank, Communicator* 
       options.timeout = timeout;
       absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateGlooCommunicator(store, r, size, options);
       ASSERT_TRUE(comm.ok()) << comm.status();
+      // Every rank connected before any uses the group, and done with it
+      // before any tears it down (a rank that closes its connections early
+      // fails its peers' pending ones).
+      try {
+        (*comm)->Barrier();
+      } catch (const CollectiveException& e) {
+        FAIL() << e.what();
+      }
       body(r, comm->get());
+      try {
+        (*comm)->Barrier();
+      } catch (const CollectiveException&) {
+        // A test that broke the group on purpose (a rank that never joined).
+      }
     });
   }
   for (std::thread& t : threads) t.join();

@@ -74,6 +74,7 @@ LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, Memory
       engine.data = groups->data.get();
       results[static_cast<size_t>(r)] =
           Trainer(Model(), Options(), engine, Data(), &recorders[static_cast<size_t>(r)]).Run();
+      if (results[static_cast<size_t>(r)].ok()) results[static_cast<size_t>(r)] = FinishParallelGroups(*groups);
     });
   }
   for (std::thread& t : threads) t.join();

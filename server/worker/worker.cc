@@ -408,7 +408,12 @@ int RunWorker(const WorkerOptions& options) {
   }
   Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(*source),
                   &reporter);
-  const absl::Status status = trainer.Run();
+  absl::Status status = trainer.Run();
+  // Ranks leave together: none closes its connections while a peer's last
+  // messages are in flight.
+  if (launched && (status.ok() || absl::IsCancelled(status))) {
+    if (absl::Status s = FinishParallelGroups(groups); !s.ok()) status = s;
+  }
   if (status.ok()) {
     reporter.Finish(Finished::OUTCOME_SUCCEEDED, "");
     reporter.PrintFinal();

@@ -35,6 +35,15 @@ echo "ferryd at $FERRY_ADDRESS, metrics at $METRICS"
 ID="$("$FERRY" submit "$EXAMPLE" --set=train.steps=80 -o json | json "d['id']")"
 echo "submitted $ID"
 
+# Waits (up to 30 s) until the job has reported a step.
+wait_for_steps() {
+  for _ in $(seq 1 300); do
+    "$FERRY" get "$1" -o json | json "d['progress']['step']" | grep -qv '^0$' && return 0
+    sleep 0.1
+  done
+  fail "job $1 reported no step in 30 s"
+}
+
 expect_refusal() {  # expect_refusal EXIT_CODE TEXT -- ferry args...
   local code="$1" text="$2"; shift 3
   set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
@@ -128,10 +137,7 @@ json "d['error']" <"$WORK/small.json" | grep -q "memory.device_budget" || fail "
 
 # A job cancelled while it runs ends CANCELLED; ferry watch then exits 1.
 LONG="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000 -o json | json "d['id']")"
-for _ in $(seq 1 300); do
-  "$FERRY" get "$LONG" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
-  sleep 0.1
-done
+wait_for_steps "$LONG"
 "$FERRY" cancel "$LONG" | grep -q "stopping" || fail "cancel did not report the stop"
 set +e; "$FERRY" watch "$LONG" >"$WORK/cancelled.txt" 2>&1; rc=$?; set -e
 [ "$rc" -eq 1 ] || fail "watch of a cancelled job exited $rc, not 1"
@@ -139,10 +145,7 @@ set +e; "$FERRY" watch "$LONG" >"$WORK/cancelled.txt" 2>&1; rc=$?; set -e
 
 # A worker killed mid-step fails its job with the reason; the daemon serves on.
 CRASH="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000 -o json | json "d['id']")"
-for _ in $(seq 1 300); do
-  "$FERRY" get "$CRASH" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
-  sleep 0.1
-done
+wait_for_steps "$CRASH"
 WORKER_PID="$(pgrep -f -- "--spec=$WORK/state/jobs/$CRASH/spec.json")" || fail "no worker process for $CRASH"
 kill -9 $WORKER_PID
 set +e; "$FERRY" watch "$CRASH" >"$WORK/crashed.txt" 2>&1; rc=$?; set -e
@@ -190,10 +193,7 @@ grep -q '^ferry_rank_memory_bytes{rank="1",tier="device"}' "$WORK/ranked-metrics
   || fail "/metrics has no memory series for rank 1"
 # A rank killed mid-training fails the job naming the rank; no worker stays.
 PAR="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.data=2 -o json | json "d['id']")"
-for _ in $(seq 1 300); do
-  "$FERRY" get "$PAR" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
-  sleep 0.1
-done
+wait_for_steps "$PAR"
 RANK1="$(pgrep -f -- "--spec=$WORK/state/jobs/$PAR/spec.json" | sort -n | tail -1)" || fail "no workers for $PAR"
 kill -9 "$RANK1"
 set +e; "$FERRY" watch "$PAR" >"$WORK/par.txt" 2>&1; rc=$?; set -e
@@ -209,10 +209,7 @@ pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind
 "$FERRY" info >/dev/null || fail "ferryd stopped serving after a rank died"
 # Cancelling a two-rank job stops both ranks after the same step.
 PARC="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.tensor=2 -o json | json "d['id']")"
-for _ in $(seq 1 300); do
-  "$FERRY" get "$PARC" -o json | json "d['progress']['step']" | grep -qv '^0$' && break
-  sleep 0.1
-done
+wait_for_steps "$PARC"
 "$FERRY" cancel "$PARC" >/dev/null
 set +e; "$FERRY" watch "$PARC" >/dev/null 2>&1; set -e
 [ "$("$FERRY" get "$PARC" -o json | json "d['state']")" = "JOB_STATE_CANCELLED" ] || fail "the two-rank job was not cancelled"
