@@ -67,7 +67,7 @@ TEST(CommunicatorTest, AMissingRankFailsTheCollectiveWithItsName) {
         }
         done = true;
       },
-      std::chrono::milliseconds(500));
+      std::chrono::milliseconds(500), /*intact=*/false);
   EXPECT_NE(message.find("all-reduce in the test group (rank 0 of 2) failed"), std::string::npos) << message;
 }
 
