@@ -7,10 +7,23 @@
 // otherwise share, and race on, one generator.
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace ferry {
 
 at::Generator CpuGenerator();
+
+// The states of the generators a step on `device` draws from: CpuGenerator()
+// and, when `device` is not the CPU, its default generator (undefined
+// otherwise). What recomputation replays and a checkpoint keeps.
+struct GeneratorStates {
+  at::Tensor cpu;
+  at::Tensor device;
+};
+GeneratorStates SaveGenerators(const c10::Device& device);
+// Sets them back; an undefined `device` state leaves that generator as it is.
+void RestoreGenerators(const c10::Device& device, const GeneratorStates& states);
 
 class CpuGeneratorScope {
  public:

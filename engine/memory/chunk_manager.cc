@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <set>
 #include <stdexcept>
 
@@ -53,41 +52,6 @@ struct StageHook : public torch::autograd::Function<StageHook> {
   }
 };
 
-// The random number generators a stage's forward may draw from (dropout):
-// the CPU's, and the device's when it is a GPU.
-struct RngState {
-  at::Tensor cpu;
-  at::Tensor device;
-};
-
-RngState SaveRng(const c10::Device& device) {
-  RngState s;
-  at::Generator cpu = CpuGenerator();
-  {
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    s.cpu = cpu.get_state();
-  }
-  if (!device.is_cpu()) {
-    at::Generator g = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(g.mutex());
-    s.device = g.get_state();
-  }
-  return s;
-}
-
-void RestoreRng(const c10::Device& device, const RngState& s) {
-  at::Generator cpu = CpuGenerator();
-  {
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    cpu.set_state(s.cpu);
-  }
-  if (!device.is_cpu() && s.device.defined()) {
-    at::Generator g = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(s.device);
-  }
-}
-
 // Activation checkpointing of one stage: the forward runs without keeping
 // its intermediates (autograd is off inside a custom function's forward) and
 // saves only the input and the generators' state; the backward restores that
@@ -100,7 +64,7 @@ struct CheckpointStage : public torch::autograd::Function<CheckpointStage> {
                             const std::function<at::Tensor(const at::Tensor&)>* fn) {
     ctx->saved_data["manager"] = manager;
     ctx->saved_data["stage"] = stage;
-    const RngState rng = SaveRng(device);
+    const GeneratorStates rng = SaveGenerators(device);
     ctx->saved_data["rng_cpu"] = rng.cpu;
     ctx->saved_data["rng_device"] = rng.device.defined() ? rng.device : at::Tensor();
     ctx->saved_data["device"] = device.str();
@@ -115,15 +79,15 @@ struct CheckpointStage : public torch::autograd::Function<CheckpointStage> {
     const at::Tensor x = ctx->get_saved_variables()[0];
     // Replay the generators as the first run saw them, then put back where
     // they are now, so the rest of training draws the same numbers either way.
-    const RngState now = SaveRng(device);
-    RestoreRng(device, {ctx->saved_data["rng_cpu"].toTensor(), ctx->saved_data["rng_device"].toTensor()});
+    const GeneratorStates now = SaveGenerators(device);
+    RestoreGenerators(device, {ctx->saved_data["rng_cpu"].toTensor(), ctx->saved_data["rng_device"].toTensor()});
     at::Tensor input = x.detach().requires_grad_(x.requires_grad());
     at::Tensor output;
     {
       at::AutoGradMode grad(true);
       output = manager->Recompute(stage, input);
     }
-    RestoreRng(device, now);
+    RestoreGenerators(device, now);
     torch::autograd::backward({output}, {grads[0]});
     return {input.requires_grad() ? input.grad() : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
@@ -767,6 +731,12 @@ PlanInput ChunkManager::MakePlanInput() const {
   return in;
 }
 
+Plan ChunkManager::PlanFor(const PlanInput& in) const {
+  return options_.policy == MemoryOptions::Policy::kStatic
+             ? PlanStatic(in, options_.static_param_host_fraction, options_.static_optimizer_host_fraction)
+             : PlanAuto(in);
+}
+
 absl::Status ChunkManager::PlanAfterWarmup() {
   PlanInput in = MakePlanInput();
   if (options_.recompute == MemoryOptions::Recompute::kAuto) {
@@ -786,24 +756,16 @@ absl::Status ChunkManager::PlanAfterWarmup() {
       trial[static_cast<size_t>(s)] = false;
       PlanInput at = in;
       at.non_model_bytes = TraceWith(trial);
-      const Plan plan = options_.policy == MemoryOptions::Policy::kAuto
-                            ? PlanAuto(at)
-                            : PlanStatic(at, options_.static_param_host_fraction,
-                                         options_.static_optimizer_host_fraction);
-      if (plan.feasible) chosen = trial;
+      if (PlanFor(at).feasible) chosen = trial;
     }
     recompute_ = chosen;
     in.non_model_bytes = TraceWith(recompute_);
   }
   predicted_ = in.non_model_bytes;
-  if (options_.policy == MemoryOptions::Policy::kStatic) {
-    // Static keeps to its split even where the trace says it will not fit:
-    // it then fails with the device's own out-of-memory error.
-    plan_ = PlanStatic(in, options_.static_param_host_fraction, options_.static_optimizer_host_fraction);
-    return absl::OkStatus();
-  }
-  plan_ = PlanAuto(in);
-  if (plan_.feasible) return absl::OkStatus();
+  plan_ = PlanFor(in);
+  // Static keeps to its split even where the trace says it will not fit: it
+  // then fails with the device's own out-of-memory error.
+  if (plan_.feasible || options_.policy == MemoryOptions::Policy::kStatic) return absl::OkStatus();
   const int p = plan_.binding_period;
   const uint64_t need = plan_.need_bytes[static_cast<size_t>(p)];
   const uint64_t activations = in.non_model_bytes[static_cast<size_t>(p)];
@@ -1075,6 +1037,12 @@ PlacementReport ChunkManager::Placement() const {
   return r;
 }
 
+const at::Tensor& ChunkManager::CurrentCopy(const Payload& p) const {
+  if (p.host_valid) return p.host;
+  if (p.resident && p.device_valid) return p.device;
+  throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": no current copy"));
+}
+
 std::vector<at::Tensor> ChunkManager::ParameterValues() const {
   HostAllocationScope host;
   device_->SynchronizeTransfers();
@@ -1084,11 +1052,7 @@ std::vector<at::Tensor> ChunkManager::ParameterValues() const {
     // The master: the parameter chunk in fp32, after the moments otherwise.
     const Payload& m = chunk.payloads[static_cast<int>(mixed() ? PayloadKind::kOptimizer : PayloadKind::kParam)];
     const int64_t base = mixed() ? 2 * chunk.capacity : 0;
-    const at::Tensor& source = m.host_valid ? m.host : m.device;
-    if (!m.host_valid && !(m.resident && m.device_valid)) {
-      throw std::logic_error(absl::StrCat(t.name, ": no current copy of its master weights"));
-    }
-    values.push_back(source.narrow(0, base + t.offset, t.numel)
+    values.push_back(CurrentCopy(m).narrow(0, base + t.offset, t.numel)
                          .to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
                          .view(t.param.sizes()));
   }
@@ -1122,11 +1086,7 @@ std::string ChunkManager::SaveState() const {
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       const Payload& p = chunk.payloads[static_cast<int>(kind)];
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
-      if (!p.host_valid && !(p.resident && p.device_valid)) {
-        throw std::logic_error(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), ": no current copy to save"));
-      }
-      const at::Tensor current =
-          (p.host_valid ? p.host : p.device).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      const at::Tensor current = CurrentCopy(p).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
       AppendInt(&out, static_cast<int64_t>(p.bytes));
       out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
     }

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +33,17 @@ uint64_t TensorBytes(const torch::Tensor& t) {
 }
 
 bool Decays(const torch::Tensor& p) { return p.dim() >= 2; }
+
+// A generator's state (a byte tensor) as a checkpoint file, and back.
+std::string StateBytes(const at::Tensor& state) {
+  const at::Tensor bytes = state.to(at::kCPU).contiguous();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+}
+at::Tensor StateFromBytes(const std::string& bytes) {
+  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  return state;
+}
 
 // One training step, whichever engine runs it.
 class StepEngine {
@@ -388,13 +398,11 @@ absl::Status Trainer::RunSteps() {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint: no ", prefix, "generator or ", prefix, "data"));
     }
     RETURN_IF_ERROR(data_->RestorePosition(position->second));
-    at::Tensor bytes = at::empty({static_cast<int64_t>(generator->second.size())}, at::kByte);
-    std::memcpy(bytes.data_ptr(), generator->second.data(), generator->second.size());
-    at::Generator g = CpuGenerator();
-    {
-      std::lock_guard<std::mutex> lock(g.mutex());
-      g.set_state(bytes);
-    }
+    auto device_generator = resume.files.find(prefix + "device_generator");
+    RestoreGenerators(device->compute_device(),
+                      {StateFromBytes(generator->second), device_generator == resume.files.end()
+                                                              ? at::Tensor()
+                                                              : StateFromBytes(device_generator->second)});
     first_step = resume.step;
   }
   auto checkpoint = [&](int64_t steps_done) -> absl::Status {
@@ -403,13 +411,9 @@ absl::Status Trainer::RunSteps() {
     c.meta["world"] = world;
     RETURN_IF_ERROR(engine->SaveState(prefix, &c.files));
     c.files[prefix + "data"] = data_->SavePosition();
-    at::Generator g = CpuGenerator();
-    at::Tensor state;
-    {
-      std::lock_guard<std::mutex> lock(g.mutex());
-      state = g.get_state();
-    }
-    c.files[prefix + "generator"] = std::string(static_cast<const char*>(state.data_ptr()), state.numel());
+    const GeneratorStates generators = SaveGenerators(device->compute_device());
+    c.files[prefix + "generator"] = StateBytes(generators.cpu);
+    if (generators.device.defined()) c.files[prefix + "device_generator"] = StateBytes(generators.device);
     return engine_.on_checkpoint(c);
   };
   observer_->OnStarted({device->name(), model_config_.ParameterCount(), options_.steps});
