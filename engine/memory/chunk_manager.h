@@ -207,6 +207,11 @@ class ChunkManager {
   void Demote();
   bool Preserve(const Payload& p) const;
   absl::Status PlanAfterWarmup();
+  // The placement policy's plan for `in`.
+  Plan PlanFor(const PlanInput& in) const;
+  // The payload's current copy: its host copy if valid, else its resident
+  // device copy; a broken invariant (neither) throws.
+  const at::Tensor& CurrentCopy(const Payload& p) const;
   std::vector<bool> InitialRecompute() const;
   // What keeping `stage`'s activations adds to every period from its forward
   // to its backward, as the warm-up measured it.
