@@ -17,6 +17,8 @@
 namespace ferry {
 namespace {
 
+uint64_t TensorBytes(const at::Tensor& t) { return static_cast<uint64_t>(t.numel() * t.element_size()); }
+
 class DoneCollective : public PendingCollective {
  public:
   void Wait() override {}
@@ -278,7 +280,7 @@ absl::Status FinishParallelGroups(const ParallelGroups& groups) {
 }
 
 void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {
-  calls_.push_back({Collective::kAllReduce, static_cast<uint64_t>(t.numel() * t.element_size())});
+  calls_.push_back({Collective::kAllReduce, TensorBytes(t)});
   inner_->AllReduce(t, op);
 }
 
@@ -288,17 +290,17 @@ std::unique_ptr<PendingCollective> Communicator::StartAllReduce(at::Tensor t) {
 }
 
 std::unique_ptr<PendingCollective> CountingCommunicator::StartAllReduce(at::Tensor t) {
-  calls_.push_back({Collective::kAllReduce, static_cast<uint64_t>(t.numel() * t.element_size())});
+  calls_.push_back({Collective::kAllReduce, TensorBytes(t)});
   return inner_->StartAllReduce(std::move(t));
 }
 
 at::Tensor CountingCommunicator::AllGather(const at::Tensor& t, int64_t dim) {
-  calls_.push_back({Collective::kAllGather, static_cast<uint64_t>(t.numel() * t.element_size())});
+  calls_.push_back({Collective::kAllGather, TensorBytes(t)});
   return inner_->AllGather(t, dim);
 }
 
 void CountingCommunicator::Broadcast(at::Tensor& t, int root) {
-  calls_.push_back({Collective::kBroadcast, static_cast<uint64_t>(t.numel() * t.element_size())});
+  calls_.push_back({Collective::kBroadcast, TensorBytes(t)});
   inner_->Broadcast(t, root);
 }
 
