@@ -237,6 +237,16 @@ class ChunkedEngine : public StepEngine {
     return absl::OkStatus();
   }
 
+  // Every parameter's fp32 (master) value, named as the model names it, on
+  // the CPU.
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameterValues() const {
+    const std::vector<at::Tensor> values = manager_->ParameterValues();
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    size_t i = 0;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), values.at(i++));
+    return named;
+  }
+
  private:
   ChunkedEngine(Gpt model, const TrainOptions& train, MemoryDevice* device, ManagerGroups groups,
                 TrainingObserver* observer)
@@ -491,6 +501,66 @@ absl::Status Trainer::RunSteps() {
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Only the tensor group's shape, for building a rank's part of the model
+// outside training: every collective is an error.
+class PlaceOnlyCommunicator : public Communicator {
+ public:
+  PlaceOnlyCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void AllReduce(at::Tensor&, ReduceOp) override { Refuse(); }
+  at::Tensor AllGather(const at::Tensor&, int64_t) override { Refuse(); }
+  void Broadcast(at::Tensor&, int) override { Refuse(); }
+  void Barrier() override { Refuse(); }
+
+ private:
+  [[noreturn]] static void Refuse() {
+    throw std::logic_error("restoring a checkpoint ran a collective; it must not need the other ranks");
+  }
+  const std::string name_ = "tensor";
+  int rank_;
+  int size_;
+};
+
+class SilentObserver : public TrainingObserver {
+ public:
+  void OnStep(const StepReport&) override {}
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameters(
+    const GptConfig& model, const TrainOptions& options, const MemoryOptions& memory,
+    const CheckpointContents& checkpoint, MemoryDevice* device, int tensor_rank, int tensor_ranks,
+    int world_rank) {
+  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
+  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  RETURN_IF_ERROR(CallTorch("restoring a checkpoint's parameters", [&]() -> absl::Status {
+    PlaceOnlyCommunicator tensor(tensor_rank, tensor_ranks);
+    SilentObserver observer;
+    // Built as training builds it (the initial values are overwritten), so
+    // that its parameters pack into the same chunks.
+    CpuGeneratorScope generator(at::make_generator<at::CPUGeneratorImpl>(options.seed));
+    Gpt gpt(nullptr);
+    {
+      HostAllocationScope host;
+      gpt = Gpt(model, &tensor);
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
+                     ChunkedEngine::Create(std::move(gpt), options, memory, device, {&tensor, nullptr}, &observer));
+    RETURN_IF_ERROR(engine->RestoreState(absl::StrCat("rank", world_rank, "."), checkpoint.files));
+    named = engine->NamedParameterValues();
+    return absl::OkStatus();
+  }));
+  return named;
 }
 
 }  // namespace ferry

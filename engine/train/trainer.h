@@ -3,6 +3,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/checkpoint/checkpoint_store.h"
@@ -67,5 +70,19 @@ class Trainer {
   std::unique_ptr<TokenSource> data_;
   TrainingObserver* observer_;
 };
+
+// The fp32 (master) values of the parameters in one rank's checkpoint
+// (`checkpoint.files`' "rank<world_rank>.*"), restored through the chunks
+// training keeps them in (so `options` and `memory` must be the training's:
+// its precision and chunk settings give the layout), named as GptImpl names
+// them, on the CPU. With `tensor_ranks` > 1 they are tensor rank
+// `tensor_rank`'s shards (see TensorParallelPart). Runs no collectives;
+// nothing goes onto `device` (any device: the chunks' host copies hold the
+// values). INVALID_ARGUMENT when the checkpoint is of another model,
+// precision or layout.
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameters(
+    const GptConfig& model, const TrainOptions& options, const MemoryOptions& memory,
+    const CheckpointContents& checkpoint, MemoryDevice* device, int tensor_rank = 0, int tensor_ranks = 1,
+    int world_rank = 0);
 
 }  // namespace ferry
