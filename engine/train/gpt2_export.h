@@ -1,0 +1,60 @@
+#pragma once
+
+// A trained model's weights as Hugging Face's GPT-2 (transformers'
+// GPT2LMHeadModel / GPT2Model) names and lays them out, for a safetensors
+// file:
+//
+//   wte.weight               [vocab_size, hidden]
+//   wpe.weight               [seq_len, hidden]
+//   h.N.ln_1.weight, .bias   [hidden]
+//   h.N.attn.c_attn.weight   [hidden, 3 * hidden]   (columns: q, k, v; heads
+//   h.N.attn.c_attn.bias     [3 * hidden]            contiguous within each)
+//   h.N.attn.c_proj.weight   [hidden, hidden]
+//   h.N.attn.c_proj.bias     [hidden]
+//   h.N.ln_2.weight, .bias   [hidden]
+//   h.N.mlp.c_fc.weight      [hidden, 4 * hidden]
+//   h.N.mlp.c_fc.bias        [4 * hidden]
+//   h.N.mlp.c_proj.weight    [4 * hidden, hidden]
+//   h.N.mlp.c_proj.bias      [hidden]
+//   ln_f.weight, .bias       [hidden]
+//
+// GPT-2's c_attn, c_proj and c_fc are Conv1D layers, whose weights are
+// [in, out]: the transpose of the nn.Linear weights Ferry trains, so those
+// are transposed. Ferry's fused q/k/v rows already are GPT-2's order, so
+// nothing else is rearranged. The output layer is tied to wte (as in GPT-2)
+// and not written; nor are GPT-2's per-block causal-mask buffers
+// (h.N.attn.bias, h.N.attn.masked_bias), which are not weights. Values are
+// the fp32 master weights, whatever precision the job trained in.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/checkpoint/checkpoint_store.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/memory/memory_device.h"
+#include "engine/memory/memory_options.h"
+#include "engine/model/gpt_config.h"
+#include "engine/train/train_options.h"
+
+namespace ferry {
+
+// The job's weights from its checkpoints: `tensor_ranks` holds the
+// checkpoint of every tensor-parallel rank of data rank 0 (world ranks
+// 0 .. parallel.tensor - 1), in rank order, all of the same step (one for a
+// job without tensor parallelism; data-parallel ranks hold the same
+// weights). Each is restored through the chunks training keeps it in (see
+// RestoreParameters: `train` and `memory` must be the training's), the
+// shards joined into whole tensors, then named and laid out as GPT-2's (see
+// above), in GPT-2's order. INVALID_ARGUMENT when a checkpoint is of another
+// model, precision or parallel layout.
+absl::StatusOr<std::vector<SafetensorsTensor>> ExportGpt2Weights(
+    const GptConfig& model, const TrainOptions& train, const MemoryOptions& memory,
+    const std::vector<const CheckpointContents*>& tensor_ranks, MemoryDevice* device);
+
+// GPT-2's configuration names for `model` (n_layer, n_embd, n_head,
+// n_positions, vocab_size, ...), for the safetensors metadata.
+std::map<std::string, std::string> Gpt2ConfigMetadata(const GptConfig& model);
+
+}  // namespace ferry
