@@ -22,6 +22,7 @@
 #include "server/common/version.h"
 #include "server/jobs/job_registry.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/job_store.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/worker/probe.h"
 #include "server/worker/process_executor.h"
@@ -93,11 +94,25 @@ absl::Status Daemon::Start() {
   registry_options.event_buffer_events = options_.event_buffer_events;
   registry_options.max_watchers_per_job = options_.max_watchers_per_job;
   registry_options.max_finished_jobs = options_.max_finished_jobs;
+  registry_options.max_interrupted_runs = options_.max_interrupted_runs;
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options_.state_dir + "/jobs.db");
+  if (!store.ok()) return absl::FailedPreconditionError(absl::StrCat("--state_dir: ", store.status().message()));
+  store_ = std::move(*store);
+  registry_options.store = store_.get();
   registry_ = std::make_unique<JobRegistry>(registry_options, metrics_.get());
+  absl::StatusOr<size_t> recovered = registry_->Recover();
+  if (!recovered.ok()) return absl::FailedPreconditionError(absl::StrCat("--state_dir: ", recovered.status().message()));
+  if (*recovered > 0) {
+    std::map<ferry::v1::JobState, size_t> counts = registry_->CountByState();
+    LOG(INFO) << "job store " << store_->path() << ": " << *recovered << " jobs, "
+              << counts[ferry::v1::JOB_STATE_PENDING] << " of them queued to run or resume";
+  }
 
   FerryServiceOptions service_options;
   service_options.heartbeat_interval = options_.heartbeat_interval;
   service_options.machine.host_memory_bytes = HostMemoryTotalBytes();
+  service_options.worker_binary = options_.worker_binary;
+  service_options.jobs_dir = options_.state_dir + "/jobs";
   service_ = std::make_unique<FerryService>(registry_.get(), service_options);
 
   grpc::EnableDefaultHealthCheckService(true);

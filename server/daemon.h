@@ -25,6 +25,7 @@ class DaemonMetrics;
 class FerryService;
 class JobRegistry;
 class JobRunner;
+class JobStore;
 class ProcessExecutor;
 
 struct DaemonOptions {
@@ -32,7 +33,8 @@ struct DaemonOptions {
   std::string listen = "127.0.0.1:50051";
   // Prometheus /metrics address; empty disables it. Default 127.0.0.1:9464.
   std::string metrics_listen = "127.0.0.1:9464";
-  // Where job directories (spec, worker log) live. Required.
+  // Where the job store (jobs.db, SQLite) and job directories (spec, worker
+  // logs) live. Required.
   std::string state_dir;
   // The ferry-worker binary. Required.
   std::string worker_binary;
@@ -43,6 +45,8 @@ struct DaemonOptions {
   size_t event_buffer_events = 4096;
   size_t max_watchers_per_job = 256;
   size_t max_finished_jobs = 10000;
+  // A job found running at start resumes at most this many times. Default 3.
+  uint32_t max_interrupted_runs = 3;
   // Largest request accepted. Default 4 MiB.
   size_t max_message_bytes = 4 << 20;
   // Heartbeats to idle watchers. Default 5 s.
@@ -79,6 +83,7 @@ class Daemon {
   int lock_fd_ = -1;
   std::unique_ptr<DaemonMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<FerryService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -33,6 +33,9 @@ ABSL_FLAG(int, event_buffer_events, 4096, "Events kept per job for watchers that
 ABSL_FLAG(int, max_watchers_per_job, 256, "Concurrent WatchJob streams per job.");
 ABSL_FLAG(int, max_finished_jobs, 10000,
           "Ended jobs remembered; the oldest beyond this are forgotten.");
+ABSL_FLAG(int, max_interrupted_runs, 3,
+          "A job found running when the daemon starts (it stopped without draining: a crash, a kill, a "
+          "power cut) resumes from its newest checkpoint at most this many times, then fails.");
 ABSL_FLAG(double, heartbeat_seconds, 5, "Heartbeat interval for idle watch streams.");
 ABSL_FLAG(double, stop_grace_seconds, 30,
           "How long a worker may take to stop after a cancel or shutdown before it is killed.");
@@ -105,6 +108,12 @@ int main(int argc, char** argv) {
   options.max_watchers_per_job =
       positive("max_watchers_per_job", absl::GetFlag(FLAGS_max_watchers_per_job));
   options.max_finished_jobs = positive("max_finished_jobs", absl::GetFlag(FLAGS_max_finished_jobs));
+  if (absl::GetFlag(FLAGS_max_interrupted_runs) < 0) {
+    std::fprintf(stderr, "ferryd: --max_interrupted_runs=%d: must not be negative\n",
+                 absl::GetFlag(FLAGS_max_interrupted_runs));
+    return 2;
+  }
+  options.max_interrupted_runs = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_interrupted_runs));
   if (!(absl::GetFlag(FLAGS_heartbeat_seconds) > 0) || !(absl::GetFlag(FLAGS_stop_grace_seconds) >= 0)) {
     std::fprintf(stderr, "ferryd: --heartbeat_seconds must be positive, --stop_grace_seconds not negative\n");
     return 2;

@@ -4,6 +4,14 @@
 //   RANK=r WORLD_SIZE=n MASTER_ADDR=host MASTER_PORT=p ferry-worker --spec=JOB.yaml
 //                                                       one rank of a parallel job
 //   ferry-worker --probe                                print devices as JSON
+//   ferry-worker --export=OUT.safetensors --spec=JOB.yaml
+//                                                       write the job's latest
+//                                                       checkpointed weights
+//                                                       (GPT-2 layout)
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,14 +21,21 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "server/worker/export_weights.h"
 #include "server/worker/worker.h"
 
 ABSL_FLAG(std::string, spec, "", "Job file (YAML or JSON) to train.");
+ABSL_FLAG(std::string, export, "",
+          "Write the job's latest weights (its newest checkpoint under checkpoint.dir) to this "
+          "safetensors file, named and laid out as Hugging Face's GPT-2, and exit.");
 ABSL_FLAG(int, report_fd, -1,
           "Write progress frames to this descriptor and read commands from stdin "
           "(how ferryd runs workers). -1 prints progress on stdout.");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
 ABSL_FLAG(bool, probe, false, "Print the devices this build can use as JSON and exit.");
+ABSL_FLAG(int, parent_pid, 0,
+          "Exit at once (SIGKILL) when this process, the daemon that started the worker, dies: a "
+          "daemon that crashed and started again must not find its old workers still writing.");
 ABSL_FLAG(int, collective_timeout_s, 300,
           "Under a launcher: seconds to wait for the other ranks and for any collective.");
 
@@ -44,12 +59,24 @@ bool EnvInt(const char* name, int fallback, int* out) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "ferry-worker --spec=JOB.yaml [--device=auto] | ferry-worker --probe");
+      "ferry-worker --spec=JOB.yaml [--device=auto] | ferry-worker --probe | "
+      "ferry-worker --export=OUT.safetensors --spec=JOB.yaml");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_probe)) return ferry::RunProbe();
+  if (const std::string out = absl::GetFlag(FLAGS_export); !out.empty()) {
+    if (absl::GetFlag(FLAGS_spec).empty() || rest.size() > 1) {
+      std::fprintf(stderr, "usage: ferry-worker --export=OUT.safetensors --spec=JOB.yaml\n");
+      return ferry::kWorkerBadUsage;
+    }
+    return ferry::RunExportWeights(absl::GetFlag(FLAGS_spec), out);
+  }
   if (absl::GetFlag(FLAGS_spec).empty() || rest.size() > 1) {
     std::fprintf(stderr, "usage: ferry-worker --spec=JOB.yaml [--device=auto]\n");
     return ferry::kWorkerBadUsage;
+  }
+  if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) return ferry::kWorkerFailed;  // it died before prctl took effect
   }
   ferry::WorkerOptions options;
   options.spec_path = absl::GetFlag(FLAGS_spec);

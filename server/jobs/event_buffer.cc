@@ -8,7 +8,8 @@
 
 namespace ferry {
 
-EventBuffer::EventBuffer(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
+EventBuffer::EventBuffer(size_t capacity, uint64_t last_seq)
+    : capacity_(std::max<size_t>(1, capacity)), last_seq_(last_seq) {}
 
 uint64_t EventBuffer::Append(ferry::v1::JobEvent event) {
   absl::MutexLock lock(&mu_);

@@ -18,8 +18,11 @@ namespace ferry {
 // Thread-safe.
 class EventBuffer {
  public:
-  // Keeps the newest `capacity` events (at least 1).
-  explicit EventBuffer(size_t capacity);
+  // Keeps the newest `capacity` events (at least 1). The first event
+  // appended gets seq `last_seq` + 1: a job recovered after a restart of the
+  // daemon continues its numbering, so a watcher's old resume point is
+  // reported as gone (OUT_OF_RANGE) rather than taken for a new event.
+  explicit EventBuffer(size_t capacity, uint64_t last_seq = 0);
 
   // Stamps `event` with the next seq (and the time, if unset) and appends it.
   // Returns its seq. Appending to a closed buffer is ignored and returns 0.

@@ -21,6 +21,8 @@ class RunListener {
   virtual void OnProgress(const ferry::v1::Progress& progress) = 0;
   virtual void OnLog(ferry::v1::Severity severity, const std::string& message) = 0;
   virtual void OnPlacement(const ferry::v1::MemoryPlacement& placement) = 0;
+  // A worker wrote a complete checkpoint (rank 0's, for several ranks).
+  virtual void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) { (void)checkpoint; }
 };
 
 struct RunOutcome {

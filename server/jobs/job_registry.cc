@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <glog/logging.h>
+
 #include "absl/strings/escaping.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -73,7 +75,10 @@ void JobRegistry::SetState(Record& record, JobState to, const std::string& reaso
   const JobState from = record.job.state();
   record.job.set_state(to);
   const absl::Time now = absl::Now();
-  if (to == ferry::v1::JOB_STATE_RUNNING) ToProtoTime(now, record.job.mutable_start_time());
+  // A job that resumes keeps the time of its first start.
+  if (to == ferry::v1::JOB_STATE_RUNNING && !record.job.has_start_time()) {
+    ToProtoTime(now, record.job.mutable_start_time());
+  }
   if (IsTerminalState(to)) {
     ToProtoTime(now, record.job.mutable_end_time());
     record.job.set_error(reason);
@@ -101,8 +106,81 @@ void JobRegistry::ForgetOldFinished() {
     if (it == jobs_.end()) continue;
     by_order_.erase(it->second.order);
     if (!it->second.job.request_id().empty()) by_request_id_.erase(it->second.job.request_id());
+    if (options_.store != nullptr) {
+      if (absl::Status s = options_.store->Delete(it->first); !s.ok()) LOG(ERROR) << s.message();
+    }
     jobs_.erase(it);  // watchers keep the event buffer alive as long as they need it
   }
+}
+
+absl::Status JobRegistry::Write(Record& record) {
+  if (options_.store == nullptr) return absl::OkStatus();
+  JobStore::Row row;
+  row.job = record.job;
+  row.submitted_spec = record.submitted_spec;
+  row.order = record.order;
+  row.last_seq = record.events->last_seq();
+  row.failed_runs = record.failed_runs;
+  absl::Status s = options_.store->Put(row);
+  if (!s.ok()) LOG(ERROR) << "job " << record.job.id() << " not saved: " << s.message();
+  return s;
+}
+
+absl::StatusOr<size_t> JobRegistry::Recover() {
+  if (options_.store == nullptr) return 0;
+  absl::StatusOr<std::vector<JobStore::Row>> rows = options_.store->LoadAll();
+  if (!rows.ok()) return rows.status();
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> interrupted;
+  std::vector<std::string> pending;
+  for (JobStore::Row& row : *rows) {
+    const std::string id = row.job.id();
+    Record& record = jobs_[id];
+    record.job = std::move(row.job);
+    record.submitted_spec = std::move(row.submitted_spec);
+    record.order = row.order;
+    record.failed_runs = row.failed_runs;
+    record.events = std::make_shared<EventBuffer>(options_.event_buffer_events, row.last_seq);
+    record.stop = std::make_shared<StopSignal>();
+    next_order_ = std::max(next_order_, record.order + 1);
+    by_order_[record.order] = id;
+    if (!record.job.request_id().empty()) by_request_id_[record.job.request_id()] = id;
+    const JobState state = record.job.state();
+    if (listener_ != nullptr) listener_->OnStateChange(ferry::v1::JOB_STATE_UNSPECIFIED, state);
+    if (state == ferry::v1::JOB_STATE_PENDING) {
+      pending.push_back(id);
+    } else if (state == ferry::v1::JOB_STATE_RUNNING) {
+      interrupted.push_back(id);
+    } else {
+      record.events->Close();
+      record.events->Shrink(options_.finished_event_buffer_events);
+      finished_.push_back(id);
+    }
+  }
+  // Runs the daemon's stop cut short: they resume before the queue moves on
+  // (they had started first), unless they keep being interrupted.
+  for (const std::string& id : interrupted) {
+    Record& record = jobs_.at(id);
+    record.job.set_interrupted_runs(record.job.interrupted_runs() + 1);
+    record.job.set_cancel_requested(false);
+    const uint32_t run = record.job.attempts();
+    if (record.job.interrupted_runs() > options_.max_interrupted_runs) {
+      SetState(record, ferry::v1::JOB_STATE_FAILED,
+               absl::StrCat("the daemon stopped ", record.job.interrupted_runs(),
+                            " times while this job ran, more than --max_interrupted_runs=",
+                            options_.max_interrupted_runs, "; see the daemon's log for why, then submit it again"));
+    } else {
+      SetState(record, ferry::v1::JOB_STATE_PENDING,
+               absl::StrCat("the daemon stopped while run ", run, " ran; the job resumes ",
+                            record.job.spec().checkpoint().dir().empty() ? "from step 0 (no checkpoint.dir)"
+                                                                          : "from its newest checkpoint"));
+      pending_.push_back(id);
+    }
+    (void)Write(record);
+  }
+  for (const std::string& id : pending) pending_.push_back(id);
+  ForgetOldFinished();
+  return rows->size();
 }
 
 absl::StatusOr<Job> JobRegistry::Submit(const ferry::v1::JobSpec& submitted,
@@ -142,8 +220,17 @@ absl::StatusOr<Job> JobRegistry::Submit(const ferry::v1::JobSpec& submitted,
   record.stop = std::make_shared<StopSignal>();
   by_order_[record.order] = id;
   if (!request_id.empty()) by_request_id_[request_id] = id;
-  pending_.push_back(id);
   SetState(record, ferry::v1::JOB_STATE_PENDING, "");
+  if (absl::Status s = Write(record); !s.ok()) {
+    // Not accepted: nothing a client was told about may be lost.
+    by_order_.erase(record.order);
+    if (!request_id.empty()) by_request_id_.erase(request_id);
+    if (listener_ != nullptr) listener_->OnStateChange(ferry::v1::JOB_STATE_PENDING, ferry::v1::JOB_STATE_UNSPECIFIED);
+    jobs_.erase(id);
+    return absl::UnavailableError(absl::StrCat("the daemon cannot record the job (", s.message(),
+                                               "); submit again once its state directory is writable"));
+  }
+  pending_.push_back(id);
   return record.job;
 }
 
@@ -185,10 +272,13 @@ absl::StatusOr<Job> JobRegistry::Cancel(const std::string& id, const std::string
     case ferry::v1::JOB_STATE_PENDING:
       pending_.erase(std::find(pending_.begin(), pending_.end(), id));
       SetState(*record, ferry::v1::JOB_STATE_CANCELLED, reason);
+      (void)Write(*record);
       break;
     case ferry::v1::JOB_STATE_RUNNING:
       record->stop->Request(reason);
       record->job.set_cancel_requested(true);
+      record->cancelled_by_user = true;
+      (void)Write(*record);
       break;
     default:
       return absl::FailedPreconditionError(absl::StrCat(
@@ -207,12 +297,16 @@ std::optional<RunnableJob> JobRegistry::TakeNext(absl::Duration timeout) {
   pending_.pop_front();
   Record& record = jobs_.at(id);
   SetState(record, ferry::v1::JOB_STATE_RUNNING, "");
+  (void)Write(record);
   return RunnableJob{id, record.job.spec(), record.stop};
 }
 
 void JobRegistry::RecordStarted(const std::string& id, const std::string& device) {
   absl::MutexLock lock(&mu_);
-  if (Record* record = Find(id)) record->job.set_device(device);
+  if (Record* record = Find(id)) {
+    record->job.set_device(device);
+    (void)Write(*record);
+  }
 }
 
 void JobRegistry::RecordProgress(const std::string& id, const ferry::v1::Progress& progress) {
@@ -225,6 +319,11 @@ void JobRegistry::RecordProgress(const std::string& id, const ferry::v1::Progres
   JobEvent event;
   *event.mutable_progress() = progress;
   record->events->Append(std::move(event));
+  const absl::Time now = absl::Now();
+  if (now - record->progress_written >= options_.progress_write_interval) {
+    record->progress_written = now;
+    (void)Write(*record);
+  }
   if (listener_ != nullptr) {
     listener_->OnProgress(progress,
                           progress.tokens() > previous_tokens ? progress.tokens() - previous_tokens : 0);
@@ -242,10 +341,32 @@ void JobRegistry::AppendLog(const std::string& id, ferry::v1::Severity severity,
   record->events->Append(std::move(event));
 }
 
-void JobRegistry::RecordAttempt(const std::string& id, uint32_t attempt) {
+uint32_t JobRegistry::BeginRun(const std::string& id) {
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);
-  if (record != nullptr) record->job.set_attempts(attempt);
+  if (record == nullptr) return 0;
+  record->job.set_attempts(record->job.attempts() + 1);
+  (void)Write(*record);
+  return record->job.attempts();
+}
+
+uint32_t JobRegistry::RecordFailedRun(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr) return 0;
+  ++record->failed_runs;
+  (void)Write(*record);
+  return record->failed_runs;
+}
+
+void JobRegistry::RecordCheckpoint(const std::string& id, const ferry::v1::CheckpointInfo& checkpoint) {
+  absl::MutexLock lock(&mu_);
+  Record* record = Find(id);
+  if (record == nullptr) return;
+  ferry::v1::CheckpointInfo* kept = record->job.mutable_last_checkpoint();
+  *kept = checkpoint;
+  if (!kept->has_time()) ToProtoTime(absl::Now(), kept->mutable_time());
+  (void)Write(*record);
 }
 
 void JobRegistry::RecordPlacement(const std::string& id, const ferry::v1::MemoryPlacement& placement) {
@@ -282,7 +403,18 @@ void JobRegistry::Finish(const std::string& id, JobState state, const std::strin
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);
   if (record == nullptr || IsTerminalState(record->job.state())) return;
-  SetState(*record, state, error);
+  if (state == ferry::v1::JOB_STATE_CANCELLED && draining_ && !record->cancelled_by_user) {
+    // Stopped only because the daemon is: it resumes at the next start.
+    record->job.set_cancel_requested(false);
+    SetState(*record, ferry::v1::JOB_STATE_PENDING,
+             absl::StrCat(drain_reason_, "; the job resumes ",
+                          record->job.spec().checkpoint().dir().empty() ? "from step 0 (no checkpoint.dir)"
+                                                                       : "from its newest checkpoint",
+                          " when the daemon starts again"));
+  } else {
+    SetState(*record, state, error);
+  }
+  (void)Write(*record);
 }
 
 JobRegistry::Watch::Watch(JobRegistry* registry, std::string id, Job snapshot,

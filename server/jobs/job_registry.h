@@ -5,6 +5,13 @@
 //
 //   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
 //   PENDING -> CANCELLED
+//   RUNNING -> PENDING   the daemon stopped while the job ran; it resumes
+//                        from its newest checkpoint once the daemon runs again
+//
+// With a JobStore, every change that must outlive the daemon (a submit, a
+// state change, a run starting, a checkpoint, and progress at most every
+// few seconds) is written to it before the change is visible; Recover()
+// reads it back at start.
 //
 // Thread-safe. Every state change and progress report is appended to the
 // job's EventBuffer under the registry's lock, so a snapshot and the seq it
@@ -29,6 +36,7 @@
 #include "ferry/v1/spec.pb.h"
 #include "server/jobs/event_buffer.h"
 #include "server/jobs/job_listener.h"
+#include "server/jobs/job_store.h"
 #include "server/jobs/stop_signal.h"
 
 namespace ferry {
@@ -45,6 +53,15 @@ struct JobRegistryOptions {
   // Ended jobs remembered; beyond this the oldest are forgotten (NOT_FOUND).
   // Default 10000.
   size_t max_finished_jobs = 10000;
+  // Where jobs are kept across restarts; null keeps them in memory only.
+  // Must outlive the registry.
+  JobStore* store = nullptr;
+  // A job found running at start (the daemon stopped without draining it)
+  // resumes at most this many times; once more and it fails. Default 3.
+  uint32_t max_interrupted_runs = 3;
+  // Progress is written to the store at most this often per job (state
+  // changes, runs and checkpoints at once). Default 2 s.
+  absl::Duration progress_write_interval = absl::Seconds(2);
 };
 
 // A job handed to the runner.
@@ -58,6 +75,13 @@ class JobRegistry {
  public:
   // `listener` may be null; it must outlive the registry.
   JobRegistry(JobRegistryOptions options, JobListener* listener);
+
+  // Reads the store's jobs back (before any other call): ended jobs are
+  // listed as they ended, pending ones queue again in their order, and jobs
+  // that were running when the daemon stopped queue first to resume
+  // (FAILED instead once interrupted more than max_interrupted_runs times).
+  // Returns how many jobs were recovered.
+  absl::StatusOr<size_t> Recover() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Enqueues a job in state PENDING. `submitted` is the spec as the client
   // sent it (compared for request_id reuse), `resolved` the spec that runs.
@@ -92,8 +116,14 @@ class JobRegistry {
   // Waits up to `timeout` for a pending job, marks it RUNNING and returns it.
   // nullopt on timeout or once draining.
   std::optional<RunnableJob> TakeNext(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  // Run `attempt` (1 for the first) of the job is starting.
-  void RecordAttempt(const std::string& id, uint32_t attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  // A run of the job is starting; returns its number (Job.attempts).
+  uint32_t BeginRun(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A run failed; returns how many runs of the job have failed, across
+  // restarts of the daemon (for max_restarts).
+  uint32_t RecordFailedRun(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A worker wrote a complete checkpoint (stamped with the time now).
+  void RecordCheckpoint(const std::string& id, const ferry::v1::CheckpointInfo& checkpoint)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The worker started on `device`.
   void RecordStarted(const std::string& id, const std::string& device) ABSL_LOCKS_EXCLUDED(mu_);
   void RecordProgress(const std::string& id, const ferry::v1::Progress& progress)
@@ -109,7 +139,8 @@ class JobRegistry {
   absl::StatusOr<ferry::v1::MemoryPlacement> GetPlacement(const std::string& id, uint32_t rank = 0) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a running job in `state` (SUCCEEDED, FAILED or CANCELLED) and closes
-  // its event stream.
+  // its event stream. A job stopped by the daemon's drain (not cancelled by
+  // a user) goes back to PENDING instead, to resume at the next start.
   void Finish(const std::string& id, ferry::v1::JobState state, const std::string& error)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -161,6 +192,9 @@ class JobRegistry {
     std::shared_ptr<StopSignal> stop;
     size_t watchers = 0;
     std::map<uint32_t, ferry::v1::MemoryPlacement> placements;  // by rank
+    bool cancelled_by_user = false;
+    uint32_t failed_runs = 0;
+    absl::Time progress_written;
   };
 
   Record* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,6 +206,9 @@ class JobRegistry {
   // Forgets the oldest ended jobs beyond options_.max_finished_jobs.
   void ForgetOldFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWatcher(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the record to the store (if any); errors are logged, not
+  // returned, except where the caller must refuse (Submit).
+  absl::Status Write(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobRegistryOptions options_;
   JobListener* const listener_;

@@ -282,6 +282,23 @@ TEST(JobRunnerTest, RunsJobsOneAtATimeToTheirEnd) {
   EXPECT_EQ(executor.runs, 2);
 }
 
+TEST(JobRunnerTest, AFailedRunIsRestartedUpToMaxRestarts) {
+  JobRegistry registry({}, nullptr);
+  FakeExecutor executor;
+  JobRunner runner(&registry, &executor);
+  runner.Start();
+  JobSpec spec = Spec("fail", 2);
+  spec.set_max_restarts(2);
+  const std::string id = registry.Submit(spec, spec, "")->id();
+  EXPECT_TRUE(WaitForState(registry, id, ferry::v1::JOB_STATE_FAILED));
+  EXPECT_EQ(registry.Get(id)->attempts(), 3u);
+  registry.BeginDrain("test over");
+  runner.Join();
+  EXPECT_EQ(executor.runs, 3);
+}
+
+// The drained job goes back to the queue (PENDING, to resume at the next
+// start), ahead of the rest, which stay queued.
 TEST(JobRunnerTest, DrainStopsTheRunningJobAndLeavesTheQueue) {
   JobRegistry registry({}, nullptr);
   FakeExecutor executor;
@@ -293,9 +310,16 @@ TEST(JobRunnerTest, DrainStopsTheRunningJobAndLeavesTheQueue) {
   ASSERT_TRUE(WaitForState(registry, long_job, ferry::v1::JOB_STATE_RUNNING));
   registry.BeginDrain("the daemon is shutting down");
   runner.Join();
-  EXPECT_EQ(registry.Get(long_job)->state(), ferry::v1::JOB_STATE_CANCELLED);
-  EXPECT_EQ(registry.Get(long_job)->error(), "the daemon is shutting down");
+  EXPECT_EQ(registry.Get(long_job)->state(), ferry::v1::JOB_STATE_PENDING);
+  EXPECT_FALSE(registry.Get(long_job)->cancel_requested());
+  EXPECT_EQ(registry.Get(long_job)->attempts(), 1u);
   EXPECT_EQ(registry.Get(queued)->state(), ferry::v1::JOB_STATE_PENDING);
+  std::vector<ferry::v1::JobEvent> events;
+  ASSERT_TRUE(registry.StartWatch(long_job, 0).value()->events().ReadAfter(0, 1000, &events).ok());
+  ASSERT_TRUE(events.back().has_state_change());
+  EXPECT_EQ(events.back().state_change().reason(),
+            "the daemon is shutting down; the job resumes from step 0 (no checkpoint.dir) when the daemon starts "
+            "again");
 }
 
 }  // namespace

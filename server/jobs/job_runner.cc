@@ -23,6 +23,9 @@ class RegistryListener : public RunListener {
   void OnPlacement(const ferry::v1::MemoryPlacement& placement) override {
     registry_->RecordPlacement(id_, placement);
   }
+  void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) override {
+    registry_->RecordCheckpoint(id_, checkpoint);
+  }
 
  private:
   JobRegistry* registry_;
@@ -49,21 +52,22 @@ void JobRunner::Loop() {
     LOG(INFO) << "job " << job->id << " starting";
     RegistryListener listener(registry_, job->id);
     RunOutcome outcome;
-    for (uint32_t attempt = 1;; ++attempt) {
-      registry_->RecordAttempt(job->id, attempt);
+    for (;;) {
+      const uint32_t run = registry_->BeginRun(job->id);
       outcome = executor_->Run(job->id, job->spec, *job->stop, &listener);
-      if (outcome.state != ferry::v1::JOB_STATE_FAILED || job->stop->requested() ||
-          attempt > job->spec.max_restarts() || registry_->draining()) {
+      if (outcome.state != ferry::v1::JOB_STATE_FAILED || job->stop->requested() || registry_->draining()) {
         break;
       }
+      const uint32_t failures = registry_->RecordFailedRun(job->id);
+      if (failures > job->spec.max_restarts()) break;
       const std::string resume = job->spec.checkpoint().dir().empty()
                                      ? "from the start (no checkpoint.dir)"
                                      : "from its newest checkpoint";
-      LOG(WARNING) << "job " << job->id << " run " << attempt << " failed: " << outcome.error << "; restarting "
+      LOG(WARNING) << "job " << job->id << " run " << run << " failed: " << outcome.error << "; restarting "
                    << resume;
       listener.OnLog(ferry::v1::SEVERITY_WARNING,
-                     absl::StrCat("run ", attempt, " failed (", outcome.error, "); restarting ", resume, ", ",
-                                  job->spec.max_restarts() - attempt + 1, " restart(s) left before this one"));
+                     absl::StrCat("run ", run, " failed (", outcome.error, "); restarting ", resume, ", ",
+                                  job->spec.max_restarts() - failures + 1, " restart(s) left before this one"));
     }
     LOG(INFO) << "job " << job->id << " " << StateName(outcome.state)
               << (outcome.error.empty() ? "" : ": " + outcome.error);

@@ -159,9 +159,14 @@ void DaemonMetrics::SetTorchVersion(const std::string& torch_version) {
 }
 
 void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) {
+  // From UNSPECIFIED: a new job, or one read back from the job store at
+  // start (already counted as finished by the daemon that ran it); to
+  // UNSPECIFIED: a submit the store could not record.
   if (from != ferry::v1::JOB_STATE_UNSPECIFIED) jobs_.Add({{"state", StateName(from)}}).Decrement();
-  jobs_.Add({{"state", StateName(to)}}).Increment();
-  if (IsTerminalState(to)) jobs_finished_.Add({{"state", StateName(to)}}).Increment();
+  if (to != ferry::v1::JOB_STATE_UNSPECIFIED) jobs_.Add({{"state", StateName(to)}}).Increment();
+  if (IsTerminalState(to) && from != ferry::v1::JOB_STATE_UNSPECIFIED) {
+    jobs_finished_.Add({{"state", StateName(to)}}).Increment();
+  }
   if (from == ferry::v1::JOB_STATE_RUNNING) {
     // The job's memory is released with its worker.
     for (const char* tier : kTiers) {

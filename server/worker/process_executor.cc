@@ -149,7 +149,8 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
              "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)};
     }
     const std::vector<std::string> argv = {options_.worker_binary, "--spec=" + spec_path, "--report_fd=3",
-                                           "--device=" + options_.device};
+                                           "--device=" + options_.device,
+                                           absl::StrCat("--parent_pid=", getpid())};
     absl::StatusOr<pid_t> spawned =
         Spawn(argv, {{command_read.get(), 0}, {log.get(), 1}, {log.get(), 2}, {report_write.get(), 3}}, env);
     if (!spawned.ok()) {
@@ -269,6 +270,9 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
             break;
           case WorkerReport::kPlacement:
             listener->OnPlacement(report.placement());  // each rank its own
+            break;
+          case WorkerReport::kCheckpoint:
+            if (primary) listener->OnCheckpoint(report.checkpoint());
             break;
           case WorkerReport::kFinished:
             r.finished = report.finished();
