@@ -92,6 +92,9 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
     ferry::v1::CheckpointSpec* checkpoint = out.mutable_checkpoint();
     if (checkpoint->every_steps() == 0) checkpoint->set_every_steps(100);
     if (checkpoint->keep() == 0) checkpoint->set_keep(2);
+    if (checkpoint->on_error() == ferry::v1::CHECKPOINT_ON_ERROR_UNSPECIFIED) {
+      checkpoint->set_on_error(ferry::v1::CHECKPOINT_ON_ERROR_CONTINUE);
+    }
   }
   return out;
 }

@@ -247,8 +247,8 @@ void CheckParallel(Problems& p, const JobSpec& spec) {
 
 void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c) {
   if (c.dir().empty()) {
-    if (c.every_steps() != 0 || c.keep() != 0) {
-      p.Invalid("checkpoint.dir: set it to a directory, or remove every_steps and keep");
+    if (c.every_steps() != 0 || c.keep() != 0 || c.on_error() != ferry::v1::CHECKPOINT_ON_ERROR_UNSPECIFIED) {
+      p.Invalid("checkpoint.dir: set it to a directory, or remove every_steps, keep and on_error");
     }
     return;
   }

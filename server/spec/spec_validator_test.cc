@@ -105,6 +105,19 @@ TEST(SpecDefaultsTest, RecomputeModes) {
                 absl::StatusCode::kInvalidArgument, "memory.recompute_every: 5000 is out of range");
 }
 
+TEST(SpecDefaultsTest, CheckpointDefaults) {
+  JobSpec spec = Resolved("data: {synthetic: {}}\ncheckpoint: {dir: ckpt}");
+  EXPECT_EQ(spec.checkpoint().every_steps(), 100u);
+  EXPECT_EQ(spec.checkpoint().keep(), 2u);
+  EXPECT_EQ(spec.checkpoint().on_error(), ferry::v1::CHECKPOINT_ON_ERROR_CONTINUE);
+  EXPECT_TRUE(ValidateSpec(spec, Machine()).ok());
+  JobSpec fail = Resolved("data: {synthetic: {}}\ncheckpoint: {dir: ckpt, on_error: fail}");
+  EXPECT_EQ(fail.checkpoint().on_error(), ferry::v1::CHECKPOINT_ON_ERROR_FAIL);
+  EXPECT_TRUE(ValidateSpec(fail, Machine()).ok());
+  // No checkpoints, no defaults.
+  EXPECT_EQ(Resolved("data: {synthetic: {}}").checkpoint().on_error(), ferry::v1::CHECKPOINT_ON_ERROR_UNSPECIFIED);
+}
+
 TEST(SpecValidatorTest, MalformedFieldsAreInvalidArgument) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   ExpectProblem("{}", kInvalid, "data: set path");
@@ -119,6 +132,7 @@ TEST(SpecValidatorTest, MalformedFieldsAreInvalidArgument) {
   ExpectProblem("data: {synthetic: {branching: 999}}", kInvalid, "data.synthetic.branching");
   ExpectProblem("data: {path: ''}", kInvalid, "data.path: is empty");
   ExpectProblem("data: {synthetic: {}}\ncheckpoint: {keep: 3}", kInvalid, "checkpoint.dir");
+  ExpectProblem("data: {synthetic: {}}\ncheckpoint: {on_error: fail}", kInvalid, "checkpoint.dir");
   ExpectProblem("data: {synthetic: {}}\nname: " + std::string(200, 'n'), kInvalid, "name: 200");
 }
 
