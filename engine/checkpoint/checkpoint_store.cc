@@ -261,4 +261,17 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root) {
   return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", root, why));
 }
 
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointAt(const std::string& root, int64_t step) {
+  const std::vector<int64_t> steps = Steps(root);
+  if (std::find(steps.begin(), steps.end(), step) == steps.end()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint of step ", step, " in ", root));
+  }
+  LoadedCheckpoint loaded;
+  loaded.path = root + "/" + DirName(step);
+  absl::StatusOr<CheckpointContents> c = ReadCheckpointDir(loaded.path);
+  if (!c.ok()) return absl::DataLossError(absl::StrCat(loaded.path, ": ", c.status().message()));
+  loaded.contents = *std::move(c);
+  return loaded;
+}
+
 }  // namespace ferry

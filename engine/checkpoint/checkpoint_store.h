@@ -55,4 +55,8 @@ struct LoadedCheckpoint {
 // NOT_FOUND when there is none (`skipped` reasons in the message).
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root);
 
+// The checkpoint of `step` under `root`, if every file matches its manifest:
+// NOT_FOUND when there is none, DATA_LOSS (with why) when it is damaged.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointAt(const std::string& root, int64_t step);
+
 }  // namespace ferry

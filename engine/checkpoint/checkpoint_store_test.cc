@@ -59,6 +59,21 @@ TEST(CheckpointStoreTest, RoundTripsAndKeepsTheNewest) {
   EXPECT_FALSE(Exists(root + "/step-000000000100")) << "only the newest 2 are kept";
 }
 
+TEST(CheckpointStoreTest, LoadsAnOlderStep) {
+  const std::string root = FreshRoot("at_step");
+  for (int64_t step : {100, 200}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 3).ok());
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointAt(root, 100);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.step, 100);
+  EXPECT_EQ(loaded->contents.files, At(100).files);
+  EXPECT_EQ(LoadCheckpointAt(root, 150).status().code(), absl::StatusCode::kNotFound);
+  // A damaged one is not handed out.
+  std::string model = Slurp(root + "/step-000000000100/rank0.model");
+  model[10] ^= 1;
+  Spit(root + "/step-000000000100/rank0.model", model);
+  EXPECT_EQ(LoadCheckpointAt(root, 100).status().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(CheckpointStoreTest, NothingThereIsNotFound) {
   const std::string root = FreshRoot("empty");
   EXPECT_EQ(LoadLatestCheckpoint(root).status().code(), absl::StatusCode::kNotFound);
