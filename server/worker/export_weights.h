@@ -1,0 +1,33 @@
+#pragma once
+
+// ferry-worker --export=OUT --spec=JOB: the job's latest weights as a
+// safetensors file in Hugging Face's GPT-2 layout (engine/train/gpt2_export.h),
+// from the newest checkpoint under its checkpoint.dir that verifies.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ferry {
+
+struct ExportSummary {
+  int64_t step = 0;
+  int tensors = 0;
+  uint64_t bytes = 0;
+};
+
+// Writes `out_path` atomically (a temporary file beside it, fsynced, then
+// renamed). The header's __metadata__ holds format "pt", the step, the job's
+// name and GPT-2's configuration names. FAILED_PRECONDITION, naming the
+// field, for a job without checkpoint.dir, without a checkpoint yet, or
+// whose checkpoints are of another training; INVALID_ARGUMENT for a spec
+// that does not load.
+absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const std::string& out_path);
+
+// The command: prints a one-line summary on stdout or the error on stderr;
+// returns the exit code (2 for bad usage: a bad spec, no checkpoint.dir, no
+// checkpoint yet, another training's checkpoints).
+int RunExportWeights(const std::string& spec_path, const std::string& out_path);
+
+}  // namespace ferry
