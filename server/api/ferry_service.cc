@@ -1,11 +1,15 @@
 #include "server/api/ferry_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "server/api/grpc_status.h"
 #include "server/common/proto_time.h"
 #include "server/spec/spec_defaults.h"
+#include "server/worker/export_runner.h"
 
 namespace ferry {
 namespace {
@@ -16,6 +20,8 @@ constexpr uint32_t kDefaultPageSize = 100;
 constexpr uint32_t kMaxPageSize = 1000;
 // Events sent per read of the buffer.
 constexpr size_t kWatchBatch = 256;
+// Bytes per ExportChunk.
+constexpr size_t kExportChunkBytes = 1 << 20;
 
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
@@ -164,6 +170,55 @@ grpc::Status FerryService::GetMemoryPlacement(grpc::ServerContext*,
   absl::StatusOr<ferry::v1::MemoryPlacement> placement = registry_->GetPlacement(request->job_id(), request->rank());
   if (!placement.ok()) return ToGrpcStatus(placement.status());
   *response = *std::move(placement);
+  return grpc::Status::OK;
+}
+
+grpc::Status FerryService::ExportWeights(grpc::ServerContext* context,
+                                         const ferry::v1::ExportWeightsRequest* request,
+                                         grpc::ServerWriter<ferry::v1::ExportChunk>* writer) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<ferry::v1::Job> job = registry_->Get(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (job->spec().checkpoint().dir().empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("checkpoint.dir: job ", request->job_id(),
+                                     " keeps no checkpoints, so there are no weights to export; submit it with "
+                                     "checkpoint.dir (and checkpoint.every_steps) set"));
+  }
+  if (options_.worker_binary.empty() || options_.jobs_dir.empty()) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon has no worker binary to export with");
+  }
+  // The worker reads the checkpoints and writes the file; the daemon only
+  // streams it.
+  absl::StatusOr<ExportedWeights> exported =
+      RunWorkerExport(options_.worker_binary, absl::StrCat(options_.jobs_dir, "/", request->job_id()), job->spec(),
+                      [context] { return context->IsCancelled(); });
+  if (!exported.ok()) return ToGrpcStatus(exported.status());
+  struct Remove {
+    std::string path;
+    ~Remove() { unlink(path.c_str()); }
+  } cleanup{exported->path};
+  std::ifstream in(exported->path, std::ios::binary);
+  if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot read ", exported->path));
+  std::string buffer(kExportChunkBytes, '\0');
+  uint64_t offset = 0;
+  do {
+    in.read(&buffer[0], static_cast<std::streamsize>(buffer.size()));
+    const size_t got = static_cast<size_t>(in.gcount());
+    if (got == 0 && offset > 0) break;
+    ferry::v1::ExportChunk chunk;
+    chunk.set_data(buffer.data(), got);
+    chunk.set_offset(offset);
+    chunk.set_total_bytes(exported->bytes);
+    chunk.set_tensors(static_cast<uint32_t>(exported->tensors));
+    chunk.set_step(static_cast<uint64_t>(exported->step));
+    if (!writer->Write(chunk)) return grpc::Status::CANCELLED;
+    offset += got;
+  } while (in);
+  if (offset != exported->bytes) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("read ", offset, " of the export's ", exported->bytes, " bytes"));
+  }
   return grpc::Status::OK;
 }
 

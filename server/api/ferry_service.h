@@ -4,6 +4,7 @@
 // registry, map the status. No training, placement or storage here.
 
 #include <atomic>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -20,6 +21,10 @@ struct FerryServiceOptions {
   absl::Duration heartbeat_interval = absl::Seconds(5);
   // Machine facts for spec validation.
   MachineFacts machine;
+  // ExportWeights runs this ferry-worker binary (empty: UNIMPLEMENTED) in
+  // the job's directory under jobs_dir.
+  std::string worker_binary;
+  std::string jobs_dir;
 };
 
 class FerryService final : public ferry::v1::Ferry::Service {
@@ -49,6 +54,8 @@ class FerryService final : public ferry::v1::Ferry::Service {
   grpc::Status GetMemoryPlacement(grpc::ServerContext* context,
                                   const ferry::v1::GetMemoryPlacementRequest* request,
                                   ferry::v1::MemoryPlacement* response) override;
+  grpc::Status ExportWeights(grpc::ServerContext* context, const ferry::v1::ExportWeightsRequest* request,
+                             grpc::ServerWriter<ferry::v1::ExportChunk>* writer) override;
 
  private:
   // UNAVAILABLE until SetReady.
