@@ -1,8 +1,11 @@
 #include "client/cli.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <random>
 
@@ -99,6 +102,7 @@ class Cli {
   int Info(const std::vector<std::string>& args);
   int Memory(const std::vector<std::string>& args);
   int Data(const std::vector<std::string>& args);
+  int Export(const std::vector<std::string>& args);
 
   const CliOptions& options_;
   std::ostream& out_;
@@ -121,6 +125,7 @@ int Cli::Run(const std::vector<std::string>& args) {
   if (command == "info") return Info(rest);
   if (command == "memory") return Memory(rest);
   if (command == "data") return Data(rest);
+  if (command == "export") return Export(rest);
   if (command == "help") {
     out_ << CliUsage();
     return kExitOk;
@@ -391,6 +396,88 @@ int Cli::Data(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+// A JSON string literal.
+std::string JsonQuote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+int Cli::Export(const std::vector<std::string>& args) {
+  if (args.size() != 2) return Usage("export takes a job id and the file to write (e.g. out.safetensors)");
+  const std::string& id = args[0];
+  const std::string& path = args[1];
+  // Written beside the destination and renamed over it once complete.
+  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    err_ << "ferry: cannot write " << tmp << ": " << std::strerror(errno) << "\n";
+    return kExitUsage;
+  }
+  auto abandon = [&](int code) {
+    close(fd);
+    unlink(tmp.c_str());
+    return code;
+  };
+  // No deadline: a large model takes a while to restore and send.
+  grpc::ClientContext ctx;
+  ferry::v1::ExportWeightsRequest request;
+  request.set_job_id(id);
+  std::unique_ptr<grpc::ClientReader<ferry::v1::ExportChunk>> reader = Stub().ExportWeights(&ctx, request);
+  ferry::v1::ExportChunk chunk, first;
+  uint64_t written = 0;
+  while (reader->Read(&chunk)) {
+    if (written == 0) first = chunk;
+    if (chunk.offset() != written) {
+      ctx.TryCancel();
+      (void)reader->Finish();
+      err_ << "ferry: the export arrived out of order (offset " << chunk.offset() << ", expected " << written << ")\n";
+      return abandon(kExitUnavailable);
+    }
+    const std::string& data = chunk.data();
+    for (size_t done = 0; done < data.size();) {
+      const ssize_t n = write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err_ << "ferry: cannot write " << tmp << ": " << std::strerror(errno) << "\n";
+        ctx.TryCancel();
+        (void)reader->Finish();
+        return abandon(kExitUsage);
+      }
+      done += static_cast<size_t>(n);
+    }
+    written += data.size();
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return abandon(Report(status));
+  if (written == 0 || written != first.total_bytes()) {
+    err_ << "ferry: received " << written << " of the export's " << first.total_bytes() << " bytes\n";
+    return abandon(kExitUnavailable);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
+    err_ << "ferry: cannot write " << path << ": " << std::strerror(errno) << "\n";
+    unlink(tmp.c_str());
+    return kExitUsage;
+  }
+  if (options_.json) {
+    out_ << absl::StrFormat("{\"job_id\": %s, \"path\": %s, \"step\": %d, \"tensors\": %d, \"bytes\": %d}\n",
+                            JsonQuote(id), JsonQuote(path), first.step(), first.tensors(), written);
+  } else {
+    out_ << absl::StrFormat("exported %d tensors (%s) of %s at step %d to %s\n", first.tensors(),
+                            absl::StrFormat("%.1f MiB", double(written) / (1 << 20)), id, first.step(), path);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, const CliOptions& options, std::ostream& out,
@@ -409,6 +496,8 @@ std::string CliUsage() {
   info                                            show the daemon's version, devices and limits
   memory ID [--rank=N]                            show where a job's model data lives
   data prepare --out=FILE TEXT_FILE...            tokenise text into a token file (byte-level)
+  export ID OUT.safetensors                       write a job's latest checkpointed weights as
+                                                  safetensors (Hugging Face GPT-2 names, fp32)
 
   --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)
   -o json     print JSON instead of text
