@@ -15,8 +15,8 @@ PACKAGES=(
   # reference BLAS, 20x slower at matrix products.
   libopenblas0-openmp
   # Tests and tools: the Python client stubs, YAML for the manifests, curl for
-  # scraping /metrics.
-  python3 python3-grpcio python3-protobuf python3-yaml curl
+  # scraping /metrics, PyTorch for reading exported weights.
+  python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch
 )
 
 missing=()

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# ferry export through ferryd: a job trained with checkpoints is written as a
+# safetensors file that PyTorch reads with GPT-2's names and shapes; two
+# exports and ferry-worker --export give the same bytes; a job trained with
+# two tensor-parallel ranks exports the same weights as one rank; a running
+# job exports its latest checkpoint; and the refusals name what to do.
+set -euo pipefail
+
+RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+FERRYD="$RUNFILES/server/ferryd"
+FERRY="$RUNFILES/client/ferry"
+WORKER="$RUNFILES/server/ferry-worker"
+WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/export.XXXXXX")"
+PY=/usr/bin/python3
+
+fail() { echo "FAIL: $*" >&2; echo "--- ferryd log ---" >&2; tail -40 "$WORK/ferryd.log" >&2 || true; exit 1; }
+json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+"$PY" -c "import torch" 2>/dev/null || fail "python3-torch is not installed (tools/install_deps.sh installs it)"
+
+"$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  --ready_file="$WORK/ready.json" >"$WORK/ferryd.log" 2>&1 &
+DAEMON=$!
+cleanup() { kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; }
+trap cleanup EXIT
+for _ in $(seq 1 600); do
+  [ -s "$WORK/ready.json" ] && break
+  kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
+  sleep 0.1
+done
+[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
+export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
+
+expect_refusal() {  # expect_refusal EXIT_CODE TEXT -- ferry args...
+  local code="$1" text="$2"; shift 3
+  set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
+  [ "$rc" -eq "$code" ] || fail "ferry $* exited $rc, not $code: $out"
+  grep -qF -- "$text" <<<"$out" || fail "ferry $* said '$out', which lacks '$text'"
+  echo "refused as expected: ferry $*"
+}
+
+job() {  # job FILE CHECKPOINT_DIR STEPS [TENSOR]
+  cat >"$1" <<YAML
+name: exported
+model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}
+data: {synthetic: {}}
+train: {steps: $3, batch_size: 4, lr: 3.0e-3, threads: 1}
+parallel: {tensor: ${4:-1}}
+checkpoint: {dir: $2, every_steps: 4, keep: 2}
+YAML
+}
+
+expect_refusal 2 "not found" -- export j-00000000 "$WORK/none.safetensors"
+expect_refusal 2 "export takes a job id and the file to write" -- export j-00000000
+
+# A job without checkpoint.dir has nothing to export.
+printf 'name: plain\nmodel: {layers: 1, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}\ndata: {synthetic: {}}\ntrain: {steps: 2, batch_size: 2}\n' \
+  >"$WORK/plain.yaml"
+PLAIN="$("$FERRY" submit "$WORK/plain.yaml" -o json | json "d['id']")"
+expect_refusal 2 "failed precondition: checkpoint.dir: job $PLAIN keeps no checkpoints" -- export "$PLAIN" "$WORK/plain.safetensors"
+"$FERRY" watch "$PLAIN" >/dev/null 2>&1 || fail "the job without checkpoints failed"
+
+# One rank, trained to the end.
+job "$WORK/one.yaml" "$WORK/one-ckpt" 10
+ONE="$("$FERRY" submit "$WORK/one.yaml" -o json | json "d['id']")"
+"$FERRY" watch "$ONE" >"$WORK/one.watch" 2>&1 || fail "the job failed: $(tail -3 "$WORK/one.watch")"
+"$FERRY" export "$ONE" "$WORK/one.safetensors" >"$WORK/one.txt" || fail "ferry export failed: $(cat "$WORK/one.txt")"
+cat "$WORK/one.txt"
+grep -q "^exported 28 tensors (.* MiB) of $ONE at step 10 to $WORK/one.safetensors$" "$WORK/one.txt" \
+  || fail "ferry export said: $(cat "$WORK/one.txt")"
+ls "$WORK" | grep -q "tmp" && fail "a temporary file was left: $(ls "$WORK")"
+"$FERRY" export "$ONE" "$WORK/again.safetensors" -o json >"$WORK/again.json" || fail "ferry export -o json failed"
+[ "$(json "d['step'], d['tensors'], d['bytes'] == $(stat -c %s "$WORK/again.safetensors")" <"$WORK/again.json")" = "10 28 True" ] \
+  || fail "ferry export -o json: $(cat "$WORK/again.json")"
+cmp -s "$WORK/one.safetensors" "$WORK/again.safetensors" || fail "two exports of one checkpoint differ"
+ls "$WORK/state/jobs/$ONE" | grep -q "export" && fail "the daemon left export files: $(ls "$WORK/state/jobs/$ONE")"
+# The worker run on its own writes the same file.
+"$WORKER" --export="$WORK/direct.safetensors" --spec="$WORK/one.yaml" >"$WORK/direct.txt" 2>&1 \
+  || fail "ferry-worker --export failed: $(cat "$WORK/direct.txt")"
+cmp -s "$WORK/one.safetensors" "$WORK/direct.safetensors" || fail "ferry-worker --export wrote another file"
+
+# PyTorch reads it: GPT-2's names and shapes, fp32, the metadata.
+"$PY" - "$WORK/one.safetensors" <<'PYEOF' || fail "the exported file is not GPT-2's layout"
+import json, struct, sys
+import torch
+
+def load(path):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__")
+    body = bytearray(data[8 + n:])
+    tensors = {}
+    for name, info in header.items():
+        assert info["dtype"] == "F32", (name, info)
+        begin, end = info["data_offsets"]
+        tensors[name] = torch.frombuffer(body, dtype=torch.float32, offset=begin,
+                                         count=(end - begin) // 4).reshape(info["shape"])
+    return meta, tensors, list(header)
+
+meta, tensors, order = load(sys.argv[1])
+assert meta["format"] == "pt" and meta["step"] == "10" and meta["job"] == "exported", meta
+H, L, V, S = 32, 2, 64, 16
+assert (meta["n_embd"], meta["n_layer"], meta["vocab_size"], meta["n_positions"]) == (str(H), str(L), str(V), str(S)), meta
+expected = {"wte.weight": [V, H], "wpe.weight": [S, H], "ln_f.weight": [H], "ln_f.bias": [H]}
+for i in range(L):
+    p = f"h.{i}."
+    expected.update({p + "ln_1.weight": [H], p + "ln_1.bias": [H],
+                     p + "attn.c_attn.weight": [H, 3 * H], p + "attn.c_attn.bias": [3 * H],
+                     p + "attn.c_proj.weight": [H, H], p + "attn.c_proj.bias": [H],
+                     p + "ln_2.weight": [H], p + "ln_2.bias": [H],
+                     p + "mlp.c_fc.weight": [H, 4 * H], p + "mlp.c_fc.bias": [4 * H],
+                     p + "mlp.c_proj.weight": [4 * H, H], p + "mlp.c_proj.bias": [H]})
+assert sorted(tensors) == sorted(expected), sorted(set(tensors) ^ set(expected))
+for name, shape in expected.items():
+    assert list(tensors[name].shape) == shape, (name, tensors[name].shape, shape)
+    assert torch.isfinite(tensors[name]).all(), name
+assert order[0] == "wte.weight" and order[-1] == "ln_f.bias", order
+# Trained: the layer norms moved away from 1 and 0.
+assert not torch.equal(tensors["h.0.ln_1.weight"], torch.ones(H))
+# A forward pass of GPT-2 built from these tensors runs and predicts.
+x = tensors["wte.weight"][torch.tensor([1, 2, 3])] + tensors["wpe.weight"][:3]
+for i in range(L):
+    p = f"h.{i}."
+    h = torch.nn.functional.layer_norm(x, [H], tensors[p + "ln_1.weight"], tensors[p + "ln_1.bias"])
+    q, k, v = (h @ tensors[p + "attn.c_attn.weight"] + tensors[p + "attn.c_attn.bias"]).split(H, dim=-1)
+    heads = lambda t: t.view(3, 4, H // 4).transpose(0, 1)
+    a = torch.nn.functional.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True) \
+        if hasattr(torch.nn.functional, "scaled_dot_product_attention") else None
+    if a is None:
+        att = (heads(q) @ heads(k).transpose(-1, -2)) / (H // 4) ** 0.5
+        att = att.masked_fill(torch.triu(torch.ones(3, 3, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+        a = att @ heads(v)
+    x = x + a.transpose(0, 1).reshape(3, H) @ tensors[p + "attn.c_proj.weight"] + tensors[p + "attn.c_proj.bias"]
+    h = torch.nn.functional.layer_norm(x, [H], tensors[p + "ln_2.weight"], tensors[p + "ln_2.bias"])
+    h = torch.nn.functional.gelu(h @ tensors[p + "mlp.c_fc.weight"] + tensors[p + "mlp.c_fc.bias"], approximate="tanh")
+    x = x + h @ tensors[p + "mlp.c_proj.weight"] + tensors[p + "mlp.c_proj.bias"]
+logits = torch.nn.functional.layer_norm(x, [H], tensors["ln_f.weight"], tensors["ln_f.bias"]) @ tensors["wte.weight"].T
+assert logits.shape == (3, V) and torch.isfinite(logits).all()
+print(f"{len(tensors)} tensors with GPT-2's names and shapes, step {meta['step']}; a forward pass runs")
+PYEOF
+
+# Two tensor-parallel ranks: the shards are joined into the same weights
+# one rank trains (up to rounding, which AdamW can magnify where a gradient
+# is near zero).
+job "$WORK/two.yaml" "$WORK/two-ckpt" 10 2
+TWO="$("$FERRY" submit "$WORK/two.yaml" -o json | json "d['id']")"
+"$FERRY" watch "$TWO" >"$WORK/two.watch" 2>&1 || fail "the tensor-parallel job failed: $(tail -3 "$WORK/two.watch")"
+"$FERRY" export "$TWO" "$WORK/two.safetensors" || fail "ferry export of the tensor-parallel job failed"
+"$PY" - "$WORK/one.safetensors" "$WORK/two.safetensors" <<'PYEOF' || fail "tensor-parallel export differs from one rank's"
+import json, struct, sys
+import torch
+def load(path):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n]); header.pop("__metadata__")
+    body = bytearray(data[8 + n:])
+    return {k: torch.frombuffer(body, dtype=torch.float32, offset=v["data_offsets"][0],
+                                count=(v["data_offsets"][1] - v["data_offsets"][0]) // 4).reshape(v["shape"])
+            for k, v in header.items()}
+one, two = load(sys.argv[1]), load(sys.argv[2])
+assert one.keys() == two.keys()
+worst = max((one[k] - two[k]).abs().max().item() for k in one)
+print(f"tensor=2 and tensor=1 exports differ by at most {worst:.2e}")
+assert worst < 1e-3, worst  # rounding; a misjoined shard is off by ~0.02
+PYEOF
+
+# A running job exports its newest checkpoint; before its first, the
+# refusal says when there will be one.
+job "$WORK/long.yaml" "$WORK/long-ckpt" 100000
+LONG="$("$FERRY" submit "$WORK/long.yaml" -o json | json "d['id']")"
+set +e; out="$("$FERRY" export "$LONG" "$WORK/long.safetensors" 2>&1)"; rc=$?; set -e
+if [ "$rc" -ne 0 ]; then
+  grep -qF "failed precondition: checkpoint.dir: no checkpoint yet" <<<"$out" || fail "early export: $out"
+  echo "refused as expected before the first checkpoint"
+fi
+for _ in $(seq 1 300); do
+  "$FERRY" export "$LONG" "$WORK/long.safetensors" >"$WORK/long.txt" 2>&1 && break
+  sleep 0.2
+done
+grep -q "^exported 28 tensors" "$WORK/long.txt" || fail "export of the running job: $(cat "$WORK/long.txt")"
+[ "$("$FERRY" get "$LONG" -o json | json "d['state']")" = "JOB_STATE_RUNNING" ] || fail "the job is no longer running"
+"$FERRY" cancel "$LONG" >/dev/null
+set +e; "$FERRY" watch "$LONG" >/dev/null 2>&1; set -e
+"$FERRY" info >/dev/null || fail "ferryd is not answering after the exports"
+
+# ferry-worker --export on its own: bad usage exits 2 with the field named.
+printf 'name: x\ndata: {synthetic: {}}\n' >"$WORK/nodir.yaml"
+set +e; out="$("$WORKER" --export="$WORK/x.safetensors" --spec="$WORK/nodir.yaml" 2>&1)"; rc=$?; set -e
+[ "$rc" -eq 2 ] && grep -q "checkpoint.dir" <<<"$out" || fail "ferry-worker --export without checkpoint.dir: $rc $out"
+echo "PASS"
