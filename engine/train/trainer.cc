@@ -416,6 +416,7 @@ absl::Status Trainer::RunSteps() {
     first_step = resume.step;
   }
   auto checkpoint = [&](int64_t steps_done) -> absl::Status {
+    const Clock::time_point snapshot_start = Clock::now();
     CheckpointContents c;
     c.step = steps_done;
     c.meta["world"] = world;
@@ -424,7 +425,8 @@ absl::Status Trainer::RunSteps() {
     const GeneratorStates generators = SaveGenerators(device->compute_device());
     c.files[prefix + "generator"] = StateBytes(generators.cpu);
     if (generators.device.defined()) c.files[prefix + "device_generator"] = StateBytes(generators.device);
-    return engine_.on_checkpoint(c);
+    const double snapshot_seconds = std::chrono::duration<double>(Clock::now() - snapshot_start).count();
+    return engine_.on_checkpoint(std::move(c), snapshot_seconds);
   };
   observer_->OnStarted({device->name(), model_config_.ParameterCount(), options_.steps});
 

@@ -40,9 +40,13 @@ struct EngineOptions {
   // at its step exactly as the uninterrupted run would; and every
   // `checkpoint_every_steps` steps, after the last, and when asked to stop,
   // hand this rank's state to `on_checkpoint` (whose error stops training).
+  // The state is a snapshot taken at the step boundary: bytes copied to
+  // host memory, which the hook owns and may write after it returns (in the
+  // background, say) while training goes on; `snapshot_seconds` is what
+  // taking it cost the step loop.
   const CheckpointContents* resume = nullptr;
   int64_t checkpoint_every_steps = 0;
-  std::function<absl::Status(const CheckpointContents&)> on_checkpoint;
+  std::function<absl::Status(CheckpointContents contents, double snapshot_seconds)> on_checkpoint;
 };
 
 // The step loop: sample a batch, forward, backward, clip, AdamW step, report.

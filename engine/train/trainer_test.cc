@@ -356,7 +356,7 @@ TEST(TrainerTest, ResumingFromACheckpointIsTheSameTrainingBitForBit) {
       EngineOptions engine;
       engine.device = &device;
       engine.checkpoint_every_steps = 3;
-      engine.on_checkpoint = [&](const CheckpointContents& c) {
+      engine.on_checkpoint = [&](CheckpointContents c, double) {
         saved[c.step] = c;
         return absl::OkStatus();
       };

@@ -12,7 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/checkpoint/async_writer.h"
 #include "engine/checkpoint/checkpoint_store.h"
 #include "engine/common/status_macros.h"
 #include "engine/data/synthetic_source.h"
@@ -22,8 +24,6 @@
 #include "engine/parallel/communicator.h"
 #include "engine/train/trainer.h"
 #include "ferry/internal/worker.pb.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
@@ -31,6 +31,7 @@
 #include "engine/common/host_info.h"
 #include "server/common/proto_time.h"
 #include "server/worker/frame.h"
+#include "server/worker/training_fingerprint.h"
 
 namespace ferry {
 namespace {
@@ -55,6 +56,18 @@ class Reporter : public TrainingObserver {
     if (report_fd_ < 0) return;
     absl::MutexLock lock(&mu_);
     (void)WriteFrame(report_fd_, report);  // a gone daemon shows up as a stop
+  }
+
+  // A checkpoint is complete: the daemon records it (Job.last_checkpoint).
+  void OnCheckpoint(const CheckpointWriteResult& r, const std::string& root) {
+    WorkerReport report;
+    ferry::v1::CheckpointInfo* info = report.mutable_checkpoint();
+    info->set_step(static_cast<uint64_t>(r.step));
+    info->set_path(absl::StrFormat("%s/step-%012d", root, r.step));
+    info->set_blocking_seconds(r.blocked_seconds);
+    info->set_total_seconds(r.total_seconds);
+    info->set_bytes(r.bytes);
+    Send(report);
   }
 
   void OnStarted(const TrainingStarted& started) override {
@@ -259,20 +272,11 @@ int Fail(Reporter& reporter, const absl::Status& status, int code) {
   return code;
 }
 
-// What a checkpoint must have been written by to resume from it: the spec
-// less what may change between runs (steps, name, checkpointing itself).
-std::string TrainingFingerprint(const ferry::v1::JobSpec& spec) {
-  ferry::v1::JobSpec s = spec;
-  s.clear_name();
-  s.mutable_train()->clear_steps();
-  s.clear_checkpoint();
-  std::string bytes;
-  google::protobuf::io::StringOutputStream stream(&bytes);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  s.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return Fingerprint(bytes);
+
+// With checkpoint.on_error: fail, what a failed write ends the run with.
+absl::Status CheckpointFailure(const absl::Status& write) {
+  if (write.ok()) return write;
+  return absl::Status(write.code(), absl::StrCat(write.message(), " (checkpoint.on_error: fail)"));
 }
 
 absl::StatusOr<std::unique_ptr<TokenSource>> MakeSource(const ferry::v1::JobSpec& spec) {
@@ -369,7 +373,9 @@ int RunWorker(const WorkerOptions& options) {
   // Checkpoints: each rank in its own directory under checkpoint.dir;
   // resume from the newest one that verifies, if it is this job's.
   std::optional<CheckpointContents> resume;
+  std::unique_ptr<AsyncCheckpointWriter> writer;
   const ferry::v1::CheckpointSpec& checkpoint = spec->checkpoint();
+  const bool checkpoint_errors_fail = checkpoint.on_error() == ferry::v1::CHECKPOINT_ON_ERROR_FAIL;
   if (!checkpoint.dir().empty()) {
     const std::string root = absl::StrCat(checkpoint.dir(), "/rank", options.rank);
     const std::string fingerprint = TrainingFingerprint(*spec);
@@ -396,14 +402,33 @@ int RunWorker(const WorkerOptions& options) {
     }
     engine.checkpoint_every_steps = static_cast<int64_t>(checkpoint.every_steps());
     const int keep = static_cast<int>(checkpoint.keep());
-    engine.on_checkpoint = [root, fingerprint, keep, &reporter](const CheckpointContents& c) -> absl::Status {
-      CheckpointContents stamped = c;
-      stamped.meta["training"] = fingerprint;
-      const absl::Time start = absl::Now();
-      RETURN_IF_ERROR(WriteCheckpoint(root, stamped, keep));
-      reporter.OnLog(LogLevel::kInfo, absl::StrFormat("checkpoint: step %d written to %s in %.2f s", c.step, root,
-                                                      absl::ToDoubleSeconds(absl::Now() - start)));
-      return absl::OkStatus();
+    // The step loop waits only for the snapshot (and for the previous
+    // write, if that is still running); the files are written in the
+    // background while training goes on.
+    writer = std::make_unique<AsyncCheckpointWriter>(
+        [root, keep](const CheckpointContents& c) { return WriteCheckpoint(root, c, keep); },
+        [root, newest = resume ? resume->step : int64_t{-1}, fail = checkpoint_errors_fail,
+         &reporter](const CheckpointWriteResult& r) mutable {
+          if (r.status.ok()) {
+            newest = r.step;
+            reporter.OnLog(LogLevel::kInfo,
+                           absl::StrFormat("checkpoint: step %d written to %s in %.2f s (blocked training %.3f s)",
+                                           r.step, root, r.total_seconds, r.blocked_seconds));
+            reporter.OnCheckpoint(r, root);
+            return;
+          }
+          reporter.OnLog(fail ? LogLevel::kError : LogLevel::kWarning,
+                         absl::StrCat("checkpoint: step ", r.step, " not written: ",
+                                      absl::StripPrefix(r.status.message(), "checkpoint: "), "; ",
+                                      newest >= 0 ? absl::StrCat("the newest checkpoint is still step ", newest)
+                                                  : std::string("there is no checkpoint yet"),
+                                      fail ? "; the run fails (checkpoint.on_error: fail)" : "; training continues"));
+        });
+    engine.on_checkpoint = [fingerprint, fail = checkpoint_errors_fail, w = writer.get()](
+                               CheckpointContents c, double snapshot_seconds) -> absl::Status {
+      c.meta["training"] = fingerprint;
+      const absl::Status previous = w->Submit(std::move(c), snapshot_seconds);
+      return fail ? CheckpointFailure(previous) : absl::OkStatus();
     };
   }
   Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(*source),
@@ -413,6 +438,14 @@ int RunWorker(const WorkerOptions& options) {
   // messages are in flight.
   if (launched && (status.ok() || absl::IsCancelled(status))) {
     if (absl::Status s = FinishParallelGroups(groups); !s.ok()) status = s;
+  }
+  // The last checkpoint (after the last step, or at a stop) is complete
+  // before the worker reports and exits.
+  if (writer != nullptr) {
+    const absl::Status written = writer->Wait();
+    if (checkpoint_errors_fail && (status.ok() || absl::IsCancelled(status))) {
+      if (absl::Status s = CheckpointFailure(written); !s.ok()) status = s;
+    }
   }
   if (status.ok()) {
     reporter.Finish(Finished::OUTCOME_SUCCEEDED, "");
