@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# A checkpoint directory on a file system too small for a second checkpoint
+# (a 2 MiB tmpfs; one checkpoint of this model is about 1.3 MB): the worker
+# writes the first, reports the next ones as not written with "No space left
+# on device", keeps the first valid, and trains on to the undisturbed run's
+# final loss; a following run resumes from the first checkpoint and ends
+# there too. With checkpoint.on_error: fail the run fails cleanly instead.
+#
+# A small tmpfs needs a private mount namespace: `unshare --mount` as root,
+# else `unshare --user --map-root-user --mount`. Where neither is allowed
+# the test says why and skips.
+set -euo pipefail
+
+RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+WORKER="$RUNFILES/server/ferry-worker"
+SELF="$(readlink -f "$0")"
+
+if [ -z "${FERRY_DISK_FULL_INNER:-}" ]; then
+  probe() { "$@" /bin/sh -c 'd="$(mktemp -d)"; mount -t tmpfs -o size=1m tmpfs "$d" && umount "$d"; rmdir "$d"' 2>&1; }
+  why=""
+  for ns in "unshare --mount" "unshare --user --map-root-user --mount"; do
+    # shellcheck disable=SC2086
+    if out="$(probe $ns)"; then
+      # shellcheck disable=SC2086
+      exec env FERRY_DISK_FULL_INNER="$ns" $ns /bin/bash "$SELF"
+    fi
+    why="$why; $ns: ${out:-failed}"
+  done
+  echo "SKIP: cannot mount a small tmpfs here (needs a mount namespace)${why}"
+  exit 0
+fi
+
+WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/diskfull.XXXXXX")"
+fail() { echo "FAIL: $*" >&2; for f in "$WORK"/*.out; do echo "--- $f" >&2; grep -v '^step' "$f" | tail -8 >&2; done; exit 1; }
+
+job() {  # job FILE CHECKPOINT_DIR [ON_ERROR]
+  cat >"$1" <<YAML
+name: diskfull
+model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32, dropout: 0.1}
+data: {synthetic: {}}
+train: {steps: 200, batch_size: 8, lr: 3.0e-3, threads: 1}
+checkpoint: {dir: $2, every_steps: 50, keep: 2${3:+, on_error: $3}}
+YAML
+}
+small_fs() {  # small_fs DIR: a 2 MiB tmpfs at DIR
+  mkdir -p "$1"
+  mount -t tmpfs -o size=2m tmpfs "$1" || fail "cannot mount a tmpfs at $1"
+}
+
+echo "in a private mount namespace: $FERRY_DISK_FULL_INNER"
+job "$WORK/calm.yaml" "$WORK/calm-ckpt"
+"$WORKER" --spec="$WORK/calm.yaml" >"$WORK/calm.out" 2>&1 || fail "the undisturbed run failed"
+CALM="$(sed -n 's/^final loss //p' "$WORK/calm.out")"
+[ -n "$CALM" ] || fail "no final loss"
+SIZE="$(du -sb "$WORK/calm-ckpt/rank0/step-000000000200" | cut -f1)"
+echo "one checkpoint: $SIZE bytes; the file system holds 2097152"
+[ "$SIZE" -lt 2097152 ] && [ $((2 * SIZE)) -gt 2097152 ] || fail "checkpoint of $SIZE bytes: resize the tmpfs"
+
+# Default (on_error: continue): step 50 fits, the rest do not; training goes on.
+small_fs "$WORK/small"
+job "$WORK/full.yaml" "$WORK/small/ckpt"
+"$WORKER" --spec="$WORK/full.yaml" >"$WORK/full.out" 2>&1 || fail "a run with a full disk failed (on_error: continue)"
+grep -q "checkpoint: step 50 written" "$WORK/full.out" || fail "the first checkpoint was not written"
+grep -q "checkpoint: step 100 not written: .*rank0.*No space left on device; the newest checkpoint is still step 50; training continues" \
+  "$WORK/full.out" || fail "the full disk was not reported: $(grep checkpoint "$WORK/full.out" | head -4)"
+grep -q "checkpoint: step 200 not written" "$WORK/full.out" || fail "the last checkpoint's failure was not reported"
+FULL="$(sed -n 's/^final loss //p' "$WORK/full.out")"
+[ "$FULL" = "$CALM" ] || fail "with the disk full training ended at '$FULL', undisturbed at $CALM"
+[ "$(ls -A "$WORK/small/ckpt/rank0" | tr '\n' ' ')" = "latest step-000000000050 " ] \
+  || fail "the checkpoint directory holds $(ls -A "$WORK/small/ckpt/rank0" | tr '\n' ' ')"
+
+# The next run resumes from step 50 (still valid) and ends where the
+# undisturbed run did, its own checkpoints failing alike.
+"$WORKER" --spec="$WORK/full.yaml" >"$WORK/again.out" 2>&1 || fail "the run after the full disk failed"
+grep -q "checkpoint: resuming after step 50 " "$WORK/again.out" || fail "it did not resume from step 50"
+grep -q "checkpoint: skipped" "$WORK/again.out" && fail "a checkpoint was damaged"
+[ "$(sed -n 's/^final loss //p' "$WORK/again.out")" = "$CALM" ] || fail "the resumed run ended elsewhere"
+
+# on_error: fail: the run fails at the next checkpoint (step 150), naming the
+# cause, and leaves step 50 in place.
+small_fs "$WORK/small2"
+job "$WORK/strict.yaml" "$WORK/small2/ckpt" fail
+set +e; "$WORKER" --spec="$WORK/strict.yaml" >"$WORK/strict.out" 2>&1; rc=$?; set -e
+[ "$rc" -eq 1 ] || fail "with on_error: fail the worker exited $rc, not 1 (failed)"
+grep -q "^ferry-worker: .*No space left on device (checkpoint.on_error: fail)" "$WORK/strict.out" \
+  || fail "the failure does not name the cause: $(tail -2 "$WORK/strict.out")"
+grep -q "^final loss" "$WORK/strict.out" && fail "the run with on_error: fail trained to the end"
+LAST="$(sed -n 's/^step \([0-9]*\)\/200.*/\1/p' "$WORK/strict.out" | tail -1)"
+[ "$LAST" -ge 100 ] && [ "$LAST" -le 150 ] || fail "it stopped after step $LAST, not at the checkpoint after the failed one"
+[ "$(ls -A "$WORK/small2/ckpt/rank0" | tr '\n' ' ')" = "latest step-000000000050 " ] \
+  || fail "the checkpoint directory holds $(ls -A "$WORK/small2/ckpt/rank0" | tr '\n' ' ')"
+echo "full disk: reported, step 50 kept, final loss $FULL = $CALM; on_error: fail exits 1 after step $LAST"
