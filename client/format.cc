@@ -127,6 +127,17 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
   field("created", TimeText(job.create_time()));
   field("started", TimeText(job.start_time()));
   field("ended", TimeText(job.end_time()));
+  if (job.attempts() > 1) {
+    field("runs", absl::StrCat(job.attempts(), job.interrupted_runs() > 0
+                                                   ? absl::StrCat(" (", job.interrupted_runs(),
+                                                                  " cut short by the daemon stopping)")
+                                                   : ""));
+  }
+  if (job.has_last_checkpoint()) {
+    const ferry::v1::CheckpointInfo& c = job.last_checkpoint();
+    field("checkpoint", absl::StrFormat("step %d, %s, %s (%.2f s, training blocked %.2f s)", c.step(), c.path(),
+                                        FormatSize(c.bytes()), c.total_seconds(), c.blocking_seconds()));
+  }
   if (p.step() > 0) {
     field("progress", ProgressLine(p));
     field("loss", job.has_initial_loss()

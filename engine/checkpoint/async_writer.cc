@@ -40,6 +40,7 @@ absl::Status AsyncCheckpointWriter::Submit(CheckpointContents contents, double s
     const Clock::time_point start = Clock::now();
     CheckpointWriteResult result;
     result.step = contents.step;
+    for (const auto& [name, bytes] : contents.files) result.bytes += bytes.size();
     result.status = write_(contents);
     result.blocked_seconds = blocked;
     result.total_seconds = blocked + SecondsSince(start);

@@ -35,6 +35,8 @@ struct CheckpointWriteResult {
   // From the start of the snapshot until the write finished: blocked plus
   // writing.
   double total_seconds = 0;
+  // The checkpoint's files, in all.
+  uint64_t bytes = 0;
 };
 
 class AsyncCheckpointWriter {

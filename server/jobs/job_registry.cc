@@ -399,10 +399,11 @@ absl::StatusOr<ferry::v1::MemoryPlacement> JobRegistry::GetPlacement(const std::
   return it->second;
 }
 
-void JobRegistry::Finish(const std::string& id, JobState state, const std::string& error) {
+JobState JobRegistry::Finish(const std::string& id, JobState state, const std::string& error) {
   absl::MutexLock lock(&mu_);
   Record* record = Find(id);
-  if (record == nullptr || IsTerminalState(record->job.state())) return;
+  if (record == nullptr) return ferry::v1::JOB_STATE_UNSPECIFIED;
+  if (IsTerminalState(record->job.state())) return record->job.state();
   if (state == ferry::v1::JOB_STATE_CANCELLED && draining_ && !record->cancelled_by_user) {
     // Stopped only because the daemon is: it resumes at the next start.
     record->job.set_cancel_requested(false);
@@ -415,6 +416,7 @@ void JobRegistry::Finish(const std::string& id, JobState state, const std::strin
     SetState(*record, state, error);
   }
   (void)Write(*record);
+  return record->job.state();
 }
 
 JobRegistry::Watch::Watch(JobRegistry* registry, std::string id, Job snapshot,

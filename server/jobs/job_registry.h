@@ -141,7 +141,8 @@ class JobRegistry {
   // Ends a running job in `state` (SUCCEEDED, FAILED or CANCELLED) and closes
   // its event stream. A job stopped by the daemon's drain (not cancelled by
   // a user) goes back to PENDING instead, to resume at the next start.
-  void Finish(const std::string& id, ferry::v1::JobState state, const std::string& error)
+  // Returns the job's state after the call.
+  ferry::v1::JobState Finish(const std::string& id, ferry::v1::JobState state, const std::string& error)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- For watchers. ---

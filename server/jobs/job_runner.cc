@@ -69,9 +69,13 @@ void JobRunner::Loop() {
                      absl::StrCat("run ", run, " failed (", outcome.error, "); restarting ", resume, ", ",
                                   job->spec.max_restarts() - failures + 1, " restart(s) left before this one"));
     }
-    LOG(INFO) << "job " << job->id << " " << StateName(outcome.state)
-              << (outcome.error.empty() ? "" : ": " + outcome.error);
-    registry_->Finish(job->id, outcome.state, outcome.error);
+    // Logged once the outcome is recorded: a job logged as ended has ended.
+    const ferry::v1::JobState ended = registry_->Finish(job->id, outcome.state, outcome.error);
+    if (ended == ferry::v1::JOB_STATE_PENDING) {
+      LOG(INFO) << "job " << job->id << " stopped with the daemon; it resumes at the next start";
+    } else {
+      LOG(INFO) << "job " << job->id << " " << StateName(ended) << (outcome.error.empty() ? "" : ": " + outcome.error);
+    }
   }
 }
 

@@ -205,11 +205,11 @@ class Reporter : public TrainingObserver {
     last_placement_ = absl::Now();
   }
 
+  // Log lines go to stderr (the job's worker.log under the daemon) and, under
+  // the daemon, to the job's events.
   void OnLog(LogLevel level, const std::string& message) override {
-    if (report_fd_ < 0) {
-      std::fprintf(stderr, "%s\n", message.c_str());
-      return;
-    }
+    std::fprintf(stderr, "%s\n", message.c_str());
+    if (report_fd_ < 0) return;
     WorkerReport report;
     report.mutable_log()->set_severity(level == LogLevel::kError     ? ferry::v1::SEVERITY_ERROR
                                        : level == LogLevel::kWarning ? ferry::v1::SEVERITY_WARNING
