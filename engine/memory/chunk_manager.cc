@@ -1077,7 +1077,19 @@ bool ReadInt(const std::string& in, size_t* at, int64_t* v) {
 std::string ChunkManager::SaveState() const {
   HostAllocationScope host;
   device_->SynchronizeTransfers();
-  std::string out(kStateMagic, sizeof kStateMagic);
+  // This is the part of a checkpoint training waits for: one pass over the
+  // bytes into a string sized up front (a host copy is read in place).
+  size_t size = sizeof kStateMagic + 2 * sizeof(int64_t);
+  for (const Chunk& chunk : chunks_) {
+    size += 2 * sizeof(int64_t);
+    for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
+      if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
+      size += sizeof(int64_t) + chunk.payloads[static_cast<int>(kind)].bytes;
+    }
+  }
+  std::string out;
+  out.reserve(size);
+  out.append(kStateMagic, sizeof kStateMagic);
   AppendInt(&out, static_cast<int64_t>(chunks_.size()));
   AppendInt(&out, static_cast<int64_t>(optimizer_.param_dtype));
   for (const Chunk& chunk : chunks_) {
@@ -1086,7 +1098,7 @@ std::string ChunkManager::SaveState() const {
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       const Payload& p = chunk.payloads[static_cast<int>(kind)];
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
-      const at::Tensor current = CurrentCopy(p).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      const at::Tensor current = CurrentCopy(p).to(at::kCPU).contiguous();
       AppendInt(&out, static_cast<int64_t>(p.bytes));
       out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
     }
