@@ -15,8 +15,9 @@ PACKAGES=(
   # reference BLAS, 20x slower at matrix products.
   libopenblas0-openmp
   # Tests and tools: the Python client stubs, YAML for the manifests, curl for
-  # scraping /metrics, PyTorch for reading exported weights.
-  python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch
+  # scraping /metrics, PyTorch for reading exported weights, the sqlite3 shell
+  # for the job store's tests, strace for crashing a worker mid-checkpoint.
+  python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch strace
 )
 
 missing=()
