@@ -380,6 +380,43 @@ int RunWorker(const WorkerOptions& options) {
     const std::string root = absl::StrCat(checkpoint.dir(), "/rank", options.rank);
     const std::string fingerprint = TrainingFingerprint(*spec);
     absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+    if (launched && (loaded.ok() || absl::IsNotFound(loaded.status()))) {
+      // Ranks resume from the same step: the newest every rank has (one
+      // killed while writing may lack the others' newest).
+      const int64_t newest = loaded.ok() ? loaded->contents.step : -1;
+      int64_t common = newest;
+      try {
+        at::Tensor agreed = at::full({1}, -newest, at::TensorOptions().dtype(at::kLong).device(
+                                                        (*device)->compute_device()));
+        groups.tensor->AllReduce(agreed, ReduceOp::kMax);
+        groups.data->AllReduce(agreed, ReduceOp::kMax);
+        common = -agreed.item<int64_t>();
+      } catch (const std::exception& e) {
+        return Fail(reporter, absl::UnavailableError(absl::StrCat("checkpoint: agreeing on a step: ", e.what())),
+                    kWorkerFailed);
+      }
+      if (common != newest) {
+        reporter.OnLog(LogLevel::kWarning,
+                       absl::StrCat("checkpoint: this rank's newest is step ", newest, ", another rank's only ",
+                                    common < 0 ? std::string("none") : absl::StrCat("step ", common),
+                                    "; resuming where every rank can"));
+        if (common < 0) {
+          loaded = absl::NotFoundError("no checkpoint every rank has");
+        } else {
+          std::vector<std::string> skipped = std::move(loaded->skipped);
+          loaded = LoadCheckpointAt(root, common);
+          if (!loaded.ok()) {
+            return Fail(reporter,
+                        absl::FailedPreconditionError(absl::StrCat(
+                            "checkpoint.dir: another rank can resume only from step ", common, ", which this rank ",
+                            "no longer has (", loaded.status().message(), "); raise checkpoint.keep, or start ",
+                            "afresh with an empty directory")),
+                        kWorkerFailed);
+          }
+          loaded->skipped = std::move(skipped);
+        }
+      }
+    }
     if (loaded.ok()) {
       for (const std::string& why : loaded->skipped) {
         reporter.OnLog(LogLevel::kWarning, absl::StrCat("checkpoint: skipped ", why));

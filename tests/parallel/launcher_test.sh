@@ -25,15 +25,15 @@ parallel: {tensor: $2, data: $3}
 YAML
 }
 
-# run_world NAME TENSOR DATA: every rank in the background, rank 0's output
-# in NAME.0.out; prints rank 0's final loss.
+# run_world NAME TENSOR DATA [SPEC]: every rank in the background, rank 0's
+# output in NAME.0.out; prints rank 0's final loss.
 run_world() {
-  local name="$1" tensor="$2" data="$3" world=$(($2 * $3)) port pids=()
-  job "$WORK/$name.yaml" "$tensor" "$data" 12
+  local name="$1" tensor="$2" data="$3" world=$(($2 * $3)) port pids=() spec="${4:-}"
+  if [ -z "$spec" ]; then spec="$WORK/$name.yaml"; job "$spec" "$tensor" "$data" 12; fi
   port="$(free_port)"
   for ((r = world - 1; r >= 0; r--)); do
     MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" RANK="$r" WORLD_SIZE="$world" LOCAL_RANK="$r" \
-      "$WORKER" --spec="$WORK/$name.yaml" --collective_timeout_s=60 >"$WORK/$name.$r.out" 2>&1 &
+      "$WORKER" --spec="$spec" --collective_timeout_s=60 >"$WORK/$name.$r.out" 2>&1 &
     pids+=($!)
     PIDS+=($!)
   done
@@ -51,6 +51,22 @@ for world in "2 1" "1 2" "2 2"; do
     || fail "tensor $1 data $2 ended at $LOSS, one rank at $ONE"
   [ -z "$(sed -n 's/^final loss //p' "$WORK/t$1d$2.1.out")" ] || fail "rank 1 printed progress"
 done
+
+# Ranks resume from the same step even when one lacks the others' newest
+# checkpoint (it died writing it): both resume from the step before, and
+# the run ends at the uninterrupted loss.
+job "$WORK/ckpt.yaml" 1 2 30
+printf 'checkpoint: {dir: %s, every_steps: 10, keep: 3}\n' "$WORK/ckpt" >>"$WORK/ckpt.yaml"
+WHOLE="$(run_world ckpt 1 2 "$WORK/ckpt.yaml")"
+[ -d "$WORK/ckpt/rank1/step-000000000030" ] || fail "rank 1 wrote no step-30 checkpoint"
+rm -rf "$WORK/ckpt/rank1/step-000000000030"
+AGAIN="$(run_world ckpt-again 1 2 "$WORK/ckpt.yaml")"
+grep -q "checkpoint: resuming after step 20 " "$WORK/ckpt-again.0.out" \
+  || fail "rank 0 did not resume at step 20: $(grep checkpoint "$WORK/ckpt-again.0.out" | head -3)"
+grep -q "this rank's newest is step 30, another rank's only step 20" "$WORK/ckpt-again.0.out" \
+  || fail "rank 0 did not say why it resumed earlier"
+echo "two data ranks, one missing the newest checkpoint: final loss $AGAIN (uninterrupted $WHOLE)"
+[ "$AGAIN" = "$WHOLE" ] || fail "resumed at $AGAIN, uninterrupted $WHOLE"
 
 # The wrong number of ranks is refused before anyone waits.
 job "$WORK/two.yaml" 2 1 12
