@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A worker killed with SIGKILL mid-training and started again on the same
 # job resumes from its last checkpoint and ends at exactly the final loss of
-# an undisturbed run; a flipped byte in the newest checkpoint is detected and
+# an undisturbed run; a flipped byte or a truncated file in the newest
+# checkpoint is detected and
 # the one before is used, with the same result.
 set -euo pipefail
 
@@ -65,3 +66,14 @@ grep -q "checkpoint: skipped step-000000000400: rank0.chunks: CRC-32" "$WORK/dam
   || fail "the damage was not reported: $(grep checkpoint "$WORK/damaged.out" | head -3)"
 grep -q "checkpoint: resuming after step 350" "$WORK/damaged.out" || fail "it did not fall back to step 350"
 [ "$(sed -n 's/^final loss //p' "$WORK/damaged.out")" = "$CALM" ] || fail "the run after damage ended elsewhere"
+
+# Truncate the newest checkpoint's chunks (a disk that lost the file's end):
+# skipped for its size, the one before used, the same result.
+NEWEST="$(ls -d "$WORK/calm-ckpt/rank0/step-"* | sort | tail -1)"
+truncate -s 1000 "$NEWEST/rank0.chunks"
+"$WORKER" --spec="$WORK/calm.yaml" >"$WORK/truncated.out" 2>&1 || fail "the run after truncation failed"
+grep -q "checkpoint: skipped step-000000000400: rank0.chunks: 1000 bytes, the manifest says .* (truncated?)" \
+  "$WORK/truncated.out" || fail "the truncation was not reported: $(grep checkpoint "$WORK/truncated.out" | head -3)"
+grep -q "checkpoint: resuming after step 350" "$WORK/truncated.out" || fail "it did not fall back to step 350"
+[ "$(sed -n 's/^final loss //p' "$WORK/truncated.out")" = "$CALM" ] || fail "the run after truncation ended elsewhere"
+echo PASS
