@@ -90,3 +90,33 @@ LAST="$(sed -n 's/^step \([0-9]*\)\/200.*/\1/p' "$WORK/strict.out" | tail -1)"
 [ "$(ls -A "$WORK/small2/ckpt/rank0" | tr '\n' ' ')" = "latest step-000000000050 " ] \
   || fail "the checkpoint directory holds $(ls -A "$WORK/small2/ckpt/rank0" | tr '\n' ' ')"
 echo "full disk: reported, step 50 kept, final loss $FULL = $CALM; on_error: fail exits 1 after step $LAST"
+
+# Through ferryd: the job's events carry the warning and it succeeds; with
+# on_error: fail it fails naming the cause; the daemon serves on.
+FERRYD="$RUNFILES/server/ferryd"
+FERRY="$RUNFILES/client/ferry"
+"$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen= --ready_file="$WORK/ready.json" \
+  >"$WORK/ferryd.out" 2>&1 &
+DAEMON=$!
+trap 'kill -9 $DAEMON 2>/dev/null || true' EXIT
+for _ in $(seq 1 600); do [ -s "$WORK/ready.json" ] && break; sleep 0.1; done
+[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready"
+export FERRY_ADDRESS="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'])" "$WORK/ready.json")"
+small_fs "$WORK/small3"
+ID="$("$FERRY" submit "$WORK/calm.yaml" --set=checkpoint.dir=$WORK/small3/ckpt -o json \
+  | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['id'])")"
+"$FERRY" watch "$ID" >"$WORK/daemon-full.out" 2>&1 || fail "the job with a full disk did not succeed through ferryd"
+grep -q "checkpoint: step 100 not written: .*No space left on device" "$WORK/daemon-full.out" \
+  || fail "the watcher did not see the full disk: $(grep checkpoint "$WORK/daemon-full.out" | head -3)"
+"$FERRY" get "$ID" | grep -q "^checkpoint: *step 50," || fail "ferry get does not show step 50 as the last checkpoint"
+small_fs "$WORK/small4"
+ID="$("$FERRY" submit "$WORK/strict.yaml" --set=checkpoint.dir=$WORK/small4/ckpt -o json \
+  | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['id'])")"
+set +e; "$FERRY" watch "$ID" >"$WORK/daemon-strict.out" 2>&1; rc=$?; set -e
+[ "$rc" -eq 1 ] || fail "watch of the on_error: fail job exited $rc, not 1"
+"$FERRY" get "$ID" -o json | grep -q '"state": "JOB_STATE_FAILED"' || fail "the on_error: fail job is not FAILED"
+"$FERRY" get "$ID" | grep -q "No space left on device (checkpoint.on_error: fail)" || fail "its error lacks the cause"
+"$FERRY" info >/dev/null || fail "ferryd stopped serving"
+kill -TERM "$DAEMON"; wait "$DAEMON" || fail "ferryd exited non-zero"
+trap - EXIT
+echo "through ferryd: the full disk reported to watchers, the job succeeded; on_error: fail failed it; ferryd served on"
