@@ -387,6 +387,10 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
   } else if (p.host_valid) {
     device_->CopyToDevice(p.host, p.device);
     stats_.host_to_device_bytes += p.bytes;
+    if (current_period_ >= 0 && static_cast<size_t>(current_period_) < step_periods_.size()) {
+      PeriodMeasure& m = step_periods_[static_cast<size_t>(current_period_)];
+      ++(prefetch ? m.prefetches : m.fetches);
+    }
     // Fetched on demand: a prefetch would have saved the wait.
     if (!prefetch && !warmup_) ++stats_.prefetch_misses;
   } else {
@@ -440,6 +444,7 @@ void ChunkManager::MakeRoom(uint64_t bytes, int period, const std::vector<Payloa
   for (int victim : ChooseVictims(std::move(candidates), short_by)) {
     Evict(*handles[static_cast<size_t>(victim)]);
     ++stats_.evictions;
+    if (static_cast<size_t>(period) < step_periods_.size()) ++step_periods_[static_cast<size_t>(period)].evictions;
   }
 }
 
@@ -493,6 +498,10 @@ void ChunkManager::BeginPeriod(int period, const std::vector<Payload*>& needed) 
   Prefetch(period);
   device_->ResetPeak();
   period_model_bytes_ = DeviceModelBytes();
+  if (static_cast<size_t>(period) < step_periods_.size()) {
+    PeriodMeasure& m = step_periods_[static_cast<size_t>(period)];
+    m.device_model_bytes = std::max(m.device_model_bytes, period_model_bytes_);
+  }
 }
 
 void ChunkManager::EndPeriod(int period) {
@@ -509,6 +518,9 @@ void ChunkManager::EndPeriod(int period) {
   }
   stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, non_model);
   stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, peak);
+  if (p < step_periods_.size()) {
+    step_periods_[p].non_model_bytes = std::max(step_periods_[p].non_model_bytes, non_model);
+  }
   current_period_ = -1;
 }
 
@@ -850,6 +862,7 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
   }
   stats_.warmup = warmup_;
   stats_.recomputed_stages = RecomputedStages();
+  step_periods_.assign(static_cast<size_t>(cycle()), PeriodMeasure());
   for (Chunk& chunk : chunks_) {
     chunk.grad_started = false;
     chunk.grad_reduced = false;
@@ -1032,6 +1045,15 @@ PlacementReport ChunkManager::Placement() const {
                              : p < static_cast<int>(non_model_.size()) ? non_model_[static_cast<size_t>(p)]
                                                                        : 0;
     period.chunks = period_chunks_[static_cast<size_t>(p)];
+    if (p < static_cast<int>(non_model_.size())) period.warmup_non_model_bytes = non_model_[static_cast<size_t>(p)];
+    if (p < static_cast<int>(step_periods_.size())) {
+      const PeriodMeasure& m = step_periods_[static_cast<size_t>(p)];
+      period.step_non_model_bytes = m.non_model_bytes;
+      period.step_device_model_bytes = m.device_model_bytes;
+      period.evictions = m.evictions;
+      period.fetches = m.fetches;
+      period.prefetches = m.prefetches;
+    }
     r.trace.push_back(period);
   }
   return r;

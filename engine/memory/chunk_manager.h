@@ -251,6 +251,15 @@ class ChunkManager {
   std::vector<bool> backward_done_;     // per stage, this step
   int current_period_ = -1;
   uint64_t period_model_bytes_ = 0;
+  // What each period of the current (then last) step measured and moved.
+  struct PeriodMeasure {
+    uint64_t non_model_bytes = 0;
+    uint64_t device_model_bytes = 0;
+    int evictions = 0;
+    int fetches = 0;
+    int prefetches = 0;
+  };
+  std::vector<PeriodMeasure> step_periods_;
   double grad_sq_sum_ = 0;
   uint64_t host_model_bytes_ = 0;
   StepMemoryStats stats_;

@@ -444,6 +444,26 @@ TEST(ChunkManagerTest, PlacementReportsEveryChunkAndTheTrace) {
   EXPECT_EQ(r.placement.trace[7].chunks, (std::vector<int>{0}));
   EXPECT_GT(r.placement.trace[3].non_model_bytes, 0u);
   EXPECT_EQ(r.placement.capacity_bytes, TightCapacity());
+  // The last step, period by period: what it measured and moved adds up to
+  // the step's own figures, and never exceeds the device.
+  const StepMemoryStats& last = r.stats.back();
+  int evictions = 0, copies = 0;
+  uint64_t peak_non_model = 0;
+  for (const PeriodReport& period : r.placement.trace) {
+    evictions += period.evictions;
+    copies += period.fetches + period.prefetches;
+    peak_non_model = std::max(peak_non_model, period.step_non_model_bytes);
+    EXPECT_LE(period.step_device_model_bytes + period.step_non_model_bytes, TightCapacity()) << period.name;
+    EXPECT_GT(period.warmup_non_model_bytes + period.step_device_model_bytes, 0u) << period.name;
+  }
+  EXPECT_EQ(evictions, last.evictions);
+  EXPECT_EQ(peak_non_model, last.peak_non_model_bytes);
+  EXPECT_GT(copies, 0) << "a tight budget moves chunks every step";
+  EXPECT_EQ(last.prefetch_misses, [&] {
+    int fetches = 0;
+    for (const PeriodReport& period : r.placement.trace) fetches += period.fetches;
+    return fetches;
+  }()) << "every on-demand fetch of a steady step is a prefetch miss";
 }
 
 TEST(ChunkManagerTest, TouchingAChunkThePeriodDidNotDeclareFaults) {

@@ -59,8 +59,19 @@ struct PayloadReport {
 
 struct PeriodReport {
   std::string name;
+  // As planned: what the policy makes room for.
   uint64_t non_model_bytes = 0;
   std::vector<int> chunks;
+  // Measured in the last warm-up.
+  uint64_t warmup_non_model_bytes = 0;
+  // Measured in the last step: non-model memory at its peak, model data on
+  // the device during the period, and the chunk moves in it (evictions to
+  // make room, on-demand fetches, prefetches for the next period).
+  uint64_t step_non_model_bytes = 0;
+  uint64_t step_device_model_bytes = 0;
+  int evictions = 0;
+  int fetches = 0;
+  int prefetches = 0;
 };
 
 struct PlacementReport {
