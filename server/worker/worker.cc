@@ -199,6 +199,12 @@ class Reporter : public TrainingObserver {
       t->set_name(period.name);
       t->set_non_model_bytes(period.non_model_bytes);
       for (int c : period.chunks) t->add_chunks(static_cast<uint32_t>(c));
+      t->set_warmup_non_model_bytes(period.warmup_non_model_bytes);
+      t->set_step_non_model_bytes(period.step_non_model_bytes);
+      t->set_step_device_model_bytes(period.step_device_model_bytes);
+      t->set_evictions(static_cast<uint32_t>(period.evictions));
+      t->set_fetches(static_cast<uint32_t>(period.fetches));
+      t->set_prefetches(static_cast<uint32_t>(period.prefetches));
     }
     Send(report);
     pending_placement_ = false;
