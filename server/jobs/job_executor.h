@@ -23,6 +23,8 @@ class RunListener {
   virtual void OnPlacement(const ferry::v1::MemoryPlacement& placement) = 0;
   // A worker wrote a complete checkpoint (rank 0's, for several ranks).
   virtual void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) { (void)checkpoint; }
+  // A worker (any rank) could not write the checkpoint of `step`.
+  virtual void OnCheckpointFailed(uint64_t step) { (void)step; }
 };
 
 struct RunOutcome {

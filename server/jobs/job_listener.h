@@ -19,6 +19,12 @@ class JobListener {
   virtual void OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) = 0;
   // One rank's memory placement (every rank of a parallel job reports one).
   virtual void OnPlacement(const ferry::v1::MemoryPlacement& placement) { (void)placement; }
+  // The job starts (or resumes) running; called before OnStateChange.
+  virtual void OnRunning(const ferry::v1::Job& job) { (void)job; }
+  // A worker wrote a complete checkpoint (time set), or could not write the
+  // checkpoint of `step`.
+  virtual void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) { (void)checkpoint; }
+  virtual void OnCheckpointFailed(uint64_t step) { (void)step; }
 };
 
 }  // namespace ferry

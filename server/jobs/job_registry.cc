@@ -90,7 +90,10 @@ void JobRegistry::SetState(Record& record, JobState to, const std::string& reaso
   event.mutable_state_change()->set_to(to);
   event.mutable_state_change()->set_reason(reason);
   record.events->Append(std::move(event));
-  if (listener_ != nullptr) listener_->OnStateChange(from, to);
+  if (listener_ != nullptr) {
+    if (to == ferry::v1::JOB_STATE_RUNNING) listener_->OnRunning(record.job);
+    listener_->OnStateChange(from, to);
+  }
   if (IsTerminalState(to)) {
     record.events->Close();
     record.events->Shrink(options_.finished_event_buffer_events);
@@ -367,6 +370,13 @@ void JobRegistry::RecordCheckpoint(const std::string& id, const ferry::v1::Check
   *kept = checkpoint;
   if (!kept->has_time()) ToProtoTime(absl::Now(), kept->mutable_time());
   (void)Write(*record);
+  if (listener_ != nullptr) listener_->OnCheckpoint(*kept);
+}
+
+void JobRegistry::RecordCheckpointFailed(const std::string& id, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (Find(id) == nullptr) return;
+  if (listener_ != nullptr) listener_->OnCheckpointFailed(step);
 }
 
 void JobRegistry::RecordPlacement(const std::string& id, const ferry::v1::MemoryPlacement& placement) {

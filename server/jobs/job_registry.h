@@ -124,6 +124,8 @@ class JobRegistry {
   // A worker wrote a complete checkpoint (stamped with the time now).
   void RecordCheckpoint(const std::string& id, const ferry::v1::CheckpointInfo& checkpoint)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A worker could not write the checkpoint of `step` (told to the listener).
+  void RecordCheckpointFailed(const std::string& id, uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // The worker started on `device`.
   void RecordStarted(const std::string& id, const std::string& device) ABSL_LOCKS_EXCLUDED(mu_);
   void RecordProgress(const std::string& id, const ferry::v1::Progress& progress)

@@ -26,6 +26,7 @@ class RegistryListener : public RunListener {
   void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) override {
     registry_->RecordCheckpoint(id_, checkpoint);
   }
+  void OnCheckpointFailed(uint64_t step) override { registry_->RecordCheckpointFailed(id_, step); }
 
  private:
   JobRegistry* registry_;

@@ -1,6 +1,7 @@
 #include "server/metrics/daemon_metrics.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "server/common/enum_names.h"
@@ -11,6 +12,12 @@ namespace {
 const char* const kTiers[] = {"device", "host"};
 const char* const kKinds[] = {"param", "grad", "optimizer", "activation"};
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+const prometheus::Histogram::BucketBoundaries kCheckpointBuckets = {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1,
+                                                                     2.5,   5,    10,   30,  60,   120, 300};
 
 }  // namespace
 
@@ -128,6 +135,45 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                          .Help("Steps skipped because their fp16 gradients overflowed.")
                          .Register(*registry_)
                          .Add({})),
+      step_(prometheus::BuildGauge()
+                .Name("ferry_step")
+                .Help("Steps completed by the running job (its latest report).")
+                .Register(*registry_)
+                .Add({})),
+      last_progress_time_(prometheus::BuildGauge()
+                              .Name("ferry_last_progress_timestamp_seconds")
+                              .Help("Unix time of the latest step reported, or of the running job's start.")
+                              .Register(*registry_)
+                              .Add({})),
+      model_blocks_(prometheus::BuildGauge()
+                        .Name("ferry_model_blocks")
+                        .Help("Transformer blocks of the running job's model (for the share recomputed).")
+                        .Register(*registry_)
+                        .Add({})),
+      checkpoints_(prometheus::BuildCounter()
+                       .Name("ferry_checkpoints_total")
+                       .Help("Checkpoints written completely, and checkpoint writes that failed (any rank).")
+                       .Register(*registry_)),
+      checkpoint_duration_(prometheus::BuildHistogram()
+                               .Name("ferry_checkpoint_duration_seconds")
+                               .Help("Time of each checkpoint written: training blocked (blocking) and in all "
+                                     "(total: snapshot, write, fsync, rename).")
+                               .Register(*registry_)),
+      last_checkpoint_time_(prometheus::BuildGauge()
+                                .Name("ferry_last_checkpoint_timestamp_seconds")
+                                .Help("Unix time of the latest checkpoint written completely; 0 before the first.")
+                                .Register(*registry_)
+                                .Add({})),
+      last_checkpoint_step_(prometheus::BuildGauge()
+                                .Name("ferry_last_checkpoint_step")
+                                .Help("Step of the latest checkpoint written completely.")
+                                .Register(*registry_)
+                                .Add({})),
+      last_checkpoint_bytes_(prometheus::BuildGauge()
+                                 .Name("ferry_last_checkpoint_size_bytes")
+                                 .Help("Size of the latest checkpoint written completely (rank 0's).")
+                                 .Register(*registry_)
+                                 .Add({})),
       build_info_(prometheus::BuildGauge()
                       .Name("ferry_build_info")
                       .Help("Always 1; labels give the daemon and LibTorch versions.")
@@ -141,6 +187,8 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
     for (const char* kind : kKinds) MemoryGauge(tier, kind);
     chunks_.Add({{"tier", tier}});
   }
+  for (const char* result : {"written", "failed"}) checkpoints_.Add({{"result", result}});
+  for (const char* part : {"blocking", "total"}) checkpoint_duration_.Add({{"part", part}}, kCheckpointBuckets);
   SetTorchVersion(torch_version);
 }
 
@@ -178,12 +226,39 @@ void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState 
     warmup_.Set(0);
     steady_.Set(0);
     recomputed_blocks_.Set(0);
+    step_.Set(0);
+    model_blocks_.Set(0);
   }
+}
+
+void DaemonMetrics::OnRunning(const ferry::v1::Job& job) {
+  // A run that has not reached its first step yet is not stalled.
+  last_progress_time_.Set(UnixSeconds());
+  step_.Set(static_cast<double>(job.progress().step()));
+  model_blocks_.Set(job.spec().model().layers());
+}
+
+void DaemonMetrics::OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) {
+  checkpoints_.Add({{"result", "written"}}).Increment();
+  checkpoint_duration_.Add({{"part", "blocking"}}, kCheckpointBuckets).Observe(checkpoint.blocking_seconds());
+  checkpoint_duration_.Add({{"part", "total"}}, kCheckpointBuckets).Observe(checkpoint.total_seconds());
+  last_checkpoint_time_.Set(checkpoint.has_time() ? static_cast<double>(checkpoint.time().seconds()) +
+                                                        checkpoint.time().nanos() * 1e-9
+                                                  : UnixSeconds());
+  last_checkpoint_step_.Set(static_cast<double>(checkpoint.step()));
+  last_checkpoint_bytes_.Set(static_cast<double>(checkpoint.bytes()));
+}
+
+void DaemonMetrics::OnCheckpointFailed(uint64_t step) {
+  (void)step;
+  checkpoints_.Add({{"result", "failed"}}).Increment();
 }
 
 void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) {
   step_duration_.Observe(progress.step_seconds());
   steps_.Increment();
+  step_.Set(static_cast<double>(progress.step()));
+  last_progress_time_.Set(UnixSeconds());
   tokens_.Increment(static_cast<double>(new_tokens));
   loss_.Set(progress.loss());
   loss_scale_.Set(progress.loss_scale() > 0 ? progress.loss_scale() : 1.0);

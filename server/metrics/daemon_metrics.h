@@ -31,6 +31,9 @@ class DaemonMetrics : public JobListener {
   void OnStateChange(ferry::v1::JobState from, ferry::v1::JobState to) override;
   void OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) override;
   void OnPlacement(const ferry::v1::MemoryPlacement& placement) override;
+  void OnRunning(const ferry::v1::Job& job) override;
+  void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) override;
+  void OnCheckpointFailed(uint64_t step) override;
 
  private:
   prometheus::Gauge& MemoryGauge(const std::string& tier, const std::string& kind);
@@ -61,6 +64,14 @@ class DaemonMetrics : public JobListener {
   prometheus::Gauge& recomputed_blocks_;
   prometheus::Gauge& loss_scale_;
   prometheus::Counter& skipped_steps_;
+  prometheus::Gauge& step_;
+  prometheus::Gauge& last_progress_time_;
+  prometheus::Gauge& model_blocks_;
+  prometheus::Family<prometheus::Counter>& checkpoints_;
+  prometheus::Family<prometheus::Histogram>& checkpoint_duration_;
+  prometheus::Gauge& last_checkpoint_time_;
+  prometheus::Gauge& last_checkpoint_step_;
+  prometheus::Gauge& last_checkpoint_bytes_;
   prometheus::Family<prometheus::Gauge>& build_info_;
   prometheus::Gauge* build_info_series_ = nullptr;
 };

@@ -97,5 +97,53 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   EXPECT_TRUE(Has(Scrape(metrics), "ferry_rank_memory_bytes{rank=\"1\",tier=\"device\"} 0"));
 }
 
+TEST(DaemonMetricsTest, CheckpointsProgressTimeAndModelBlocks) {
+  DaemonMetrics metrics("v", "t");
+  std::string text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_checkpoints_total{result=\"written\"} 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_checkpoints_total{result=\"failed\"} 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_last_checkpoint_timestamp_seconds 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_last_progress_timestamp_seconds 0")) << text;
+
+  ferry::v1::Job job;
+  job.mutable_spec()->mutable_model()->set_layers(6);
+  job.mutable_progress()->set_step(40);  // a resumed job
+  metrics.OnRunning(job);
+  metrics.OnStateChange(ferry::v1::JOB_STATE_PENDING, ferry::v1::JOB_STATE_RUNNING);
+  text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_model_blocks 6")) << text;
+  EXPECT_TRUE(Has(text, "ferry_step 40")) << text;
+  EXPECT_FALSE(Has(text, "ferry_last_progress_timestamp_seconds 0\n")) << "a starting job counts as progress";
+
+  ferry::v1::Progress p;
+  p.set_step(41);
+  metrics.OnProgress(p, 0);
+  ferry::v1::CheckpointInfo checkpoint;
+  checkpoint.set_step(41);
+  checkpoint.set_blocking_seconds(0.02);
+  checkpoint.set_total_seconds(0.7);
+  checkpoint.set_bytes(123456);
+  checkpoint.mutable_time()->set_seconds(1700000000);
+  metrics.OnCheckpoint(checkpoint);
+  metrics.OnCheckpointFailed(42);
+  metrics.OnCheckpointFailed(43);
+  text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_step 41")) << text;
+  EXPECT_TRUE(Has(text, "ferry_checkpoints_total{result=\"written\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_checkpoints_total{result=\"failed\"} 2")) << text;
+  EXPECT_TRUE(Has(text, "ferry_checkpoint_duration_seconds_bucket{part=\"blocking\",le=\"0.05\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_checkpoint_duration_seconds_bucket{part=\"total\",le=\"0.5\"} 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_checkpoint_duration_seconds_bucket{part=\"total\",le=\"1\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ferry_last_checkpoint_timestamp_seconds 1700000000")) << text;
+  EXPECT_TRUE(Has(text, "ferry_last_checkpoint_step 41")) << text;
+  EXPECT_TRUE(Has(text, "ferry_last_checkpoint_size_bytes 123456")) << text;
+
+  metrics.OnStateChange(ferry::v1::JOB_STATE_RUNNING, ferry::v1::JOB_STATE_SUCCEEDED);
+  text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_model_blocks 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_step 0")) << text;
+  EXPECT_TRUE(Has(text, "ferry_last_checkpoint_step 41")) << "kept after the job ends";
+}
+
 }  // namespace
 }  // namespace ferry

@@ -274,6 +274,9 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
           case WorkerReport::kCheckpoint:
             if (primary) listener->OnCheckpoint(report.checkpoint());
             break;
+          case WorkerReport::kCheckpointFailed:
+            listener->OnCheckpointFailed(report.checkpoint_failed().step());  // any rank's
+            break;
           case WorkerReport::kFinished:
             r.finished = report.finished();
             r.have_finished = true;

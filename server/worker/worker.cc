@@ -70,6 +70,14 @@ class Reporter : public TrainingObserver {
     Send(report);
   }
 
+  // A checkpoint was not written: the daemon counts it (metrics).
+  void OnCheckpointFailed(const CheckpointWriteResult& r) {
+    WorkerReport report;
+    report.mutable_checkpoint_failed()->set_step(static_cast<uint64_t>(r.step));
+    report.mutable_checkpoint_failed()->set_error(std::string(r.status.message()));
+    Send(report);
+  }
+
   void OnStarted(const TrainingStarted& started) override {
     WorkerReport report;
     report.mutable_started()->set_device(started.device);
@@ -460,6 +468,7 @@ int RunWorker(const WorkerOptions& options) {
             reporter.OnCheckpoint(r, root);
             return;
           }
+          reporter.OnCheckpointFailed(r);
           reporter.OnLog(fail ? LogLevel::kError : LogLevel::kWarning,
                          absl::StrCat("checkpoint: step ", r.step, " not written: ",
                                       absl::StripPrefix(r.status.message(), "checkpoint: "), "; ",
