@@ -12,6 +12,14 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   JobSpec out = spec;
 
   ferry::v1::ModelSpec* model = out.mutable_model();
+  // Preset names are short; a long value is not echoed back whole.
+  constexpr size_t kMaxPresetLength = 64;
+  if (model->preset().size() > kMaxPresetLength) {
+    return absl::InvalidArgumentError(absl::StrCat("model.preset: ", model->preset().size(),
+                                                   " characters is not a preset name; use one such as "
+                                                   "gpt2-small (at most ",
+                                                   kMaxPresetLength, " characters)"));
+  }
   const std::string base = model->preset().empty() ? "gpt2-tiny" : model->preset();
   absl::StatusOr<GptConfig> preset = GptPreset(base);
   if (!preset.ok()) {

@@ -2,12 +2,15 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/common/safe_path.h"
+#include "ferry/v1/options.pb.h"
 #include "server/spec/size.h"
 #include "server/spec/spec_defaults.h"
 
@@ -19,12 +22,29 @@ using ferry::v1::JobSpec;
 constexpr uint32_t kMaxNameLength = 128;
 constexpr uint32_t kMaxPathLength = 4096;
 
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+uint64_t SaturatingMul(uint64_t a, uint64_t b) { return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
+
 // Problems found, each with the code it calls for.
 class Problems {
  public:
   void Invalid(std::string message) { invalid_.push_back(std::move(message)); }
   void Precondition(std::string message) { precondition_.push_back(std::move(message)); }
   void Unimplemented(std::string message) { unimplemented_.push_back(std::move(message)); }
+  void Denied(std::string message) { denied_.push_back(std::move(message)); }
+  // A status's message under the problem its code calls for.
+  void Add(const absl::Status& s) {
+    switch (s.code()) {
+      case absl::StatusCode::kOk:
+        return;
+      case absl::StatusCode::kInvalidArgument:
+        return Invalid(std::string(s.message()));
+      case absl::StatusCode::kPermissionDenied:
+        return Denied(std::string(s.message()));
+      default:
+        return Precondition(std::string(s.message()));
+    }
+  }
 
   template <typename T>
   void Range(const char* field, T value, T low, T high, absl::string_view hint = "") {
@@ -35,11 +55,12 @@ class Problems {
   }
 
   bool empty() const {
-    return invalid_.empty() && precondition_.empty() && unimplemented_.empty();
+    return invalid_.empty() && denied_.empty() && precondition_.empty() && unimplemented_.empty();
   }
 
   void Append(const Problems& other) {
     invalid_.insert(invalid_.end(), other.invalid_.begin(), other.invalid_.end());
+    denied_.insert(denied_.end(), other.denied_.begin(), other.denied_.end());
     precondition_.insert(precondition_.end(), other.precondition_.begin(), other.precondition_.end());
     unimplemented_.insert(unimplemented_.end(), other.unimplemented_.begin(),
                           other.unimplemented_.end());
@@ -47,29 +68,48 @@ class Problems {
 
   absl::Status ToStatus() const {
     std::vector<std::string> all = invalid_;
+    all.insert(all.end(), denied_.begin(), denied_.end());
     all.insert(all.end(), precondition_.begin(), precondition_.end());
     all.insert(all.end(), unimplemented_.begin(), unimplemented_.end());
     if (all.empty()) return absl::OkStatus();
     const std::string message = absl::StrJoin(all, "; ");
     if (!invalid_.empty()) return absl::InvalidArgumentError(message);
+    if (!denied_.empty()) return absl::PermissionDeniedError(message);
     if (!precondition_.empty()) return absl::FailedPreconditionError(message);
     return absl::UnimplementedError(message);
   }
 
  private:
   std::vector<std::string> invalid_;
+  std::vector<std::string> denied_;
   std::vector<std::string> precondition_;
   std::vector<std::string> unimplemented_;
 };
 
-void CheckPath(Problems& p, const char* field, const std::string& path) {
+// True when the path is well formed and, with machine.check_files, leads
+// inside machine.allowed_roots to no device file, FIFO or socket: the file
+// system may be looked at further.
+bool CheckPath(Problems& p, const char* field, const std::string& path, PathKind kind,
+               const MachineFacts& machine) {
   if (path.size() > kMaxPathLength) {
-    p.Invalid(absl::StrCat(field, ": longer than ", kMaxPathLength, " characters"));
-  } else if (path[0] != '/') {
+    p.Invalid(absl::StrCat(field, ": ", path.size(), " characters, longer than ", kMaxPathLength,
+                           " (PATH_MAX); use a shorter path"));
+    return false;
+  }
+  if (path.find('\0') != std::string::npos) {
+    p.Invalid(absl::StrCat(field, ": contains a NUL character; give a plain path"));
+    return false;
+  }
+  if (path[0] != '/') {
     p.Invalid(absl::StrCat(field, ": '", path,
                            "' must be an absolute path (the ferry CLI resolves relative paths "
                            "against the job file's directory)"));
+    return false;
   }
+  if (!machine.check_files) return true;
+  const absl::Status confined = CheckConfined(machine.allowed_roots, field, path, kind).status();
+  p.Add(confined);
+  return confined.ok();
 }
 
 // True when the model is well formed.
@@ -116,12 +156,12 @@ void CheckData(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
     p.Invalid("data.path: is empty; give a token file written by `ferry data prepare`");
     return;
   }
-  CheckPath(p, "data.path", path);
+  const bool path_ok = CheckPath(p, "data.path", path, PathKind::kFile, machine);
   if (spec.model().vocab_size() > 65536) {
     p.Invalid(absl::StrCat("model.vocab_size: ", spec.model().vocab_size(),
                            " does not fit token files of uint16 tokens; use at most 65536"));
   }
-  if (!machine.check_files || path[0] != '/') return;
+  if (!machine.check_files || !path_ok) return;
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     p.Precondition(absl::StrCat("data.path: ", path,
@@ -202,24 +242,70 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
     p.Invalid(absl::StrCat("memory.device_budget: ", FormatSize(m.device_budget()),
                            " is too small to train in; use at least 1MiB"));
   }
+  if (machine.device_memory_bytes > 0 && m.device_budget() > machine.device_memory_bytes) {
+    p.Precondition(absl::StrCat("memory.device_budget: ", FormatSize(m.device_budget()),
+                                " is more than the device's memory (", FormatSize(machine.device_memory_bytes),
+                                "); lower it, or leave it unset to use the whole device"));
+  }
   if (machine.host_memory_bytes == 0) return;
+  if (machine.device_is_host_memory && m.device_budget() > machine.host_memory_bytes) {
+    p.Precondition(absl::StrCat("memory.device_budget: ", FormatSize(m.device_budget()),
+                                " is more than this machine's memory (", FormatSize(machine.host_memory_bytes),
+                                "), which the simulated device (there is no GPU) is part of; lower it, or "
+                                "leave it unset for a quarter of host memory"));
+  }
   if (m.host_budget() > machine.host_memory_bytes) {
     p.Precondition(absl::StrCat("memory.host_budget: ", FormatSize(m.host_budget()),
                                 " is more than this machine's memory (",
                                 FormatSize(machine.host_memory_bytes), "); lower it"));
   }
   // Model data (16 bytes a parameter in fp32 and in mixed precision) lives
-  // on the host, the device, or both.
-  const uint64_t needed = TrainingStateBytes(spec.model());
-  const uint64_t host = m.host_budget() > 0 ? std::min(m.host_budget(), machine.host_memory_bytes)
-                                            : machine.host_memory_bytes;
-  const uint64_t available = host + m.device_budget();
+  // on the host, the device, or both; each tensor-parallel rank holds about
+  // a 1/tensor share, and data-parallel ranks each hold a whole replica. A
+  // checkpoint's snapshot (12 bytes a parameter: master weights and AdamW
+  // moments) is copied to host memory while it is written.
+  const uint64_t tensor = std::max<uint32_t>(1, spec.parallel().tensor());
+  const uint64_t data = std::max<uint32_t>(1, spec.parallel().data());
+  const uint64_t ranks_here = machine.ranks_share_host ? tensor * data : 1;
+  const uint64_t replicas_here = machine.ranks_share_host ? data : 1;
+  const int64_t params = ToGptConfig(spec.model()).ParameterCount();
+  const uint64_t state = TrainingStateBytes(spec.model());
+  const uint64_t per_rank_share = machine.ranks_share_host ? 1 : tensor;
+  const uint64_t model_bytes = SaturatingMul(state, replicas_here) / per_rank_share;
+  const uint64_t snapshot_bytes =
+      spec.checkpoint().dir().empty()
+          ? 0
+          : SaturatingMul(static_cast<uint64_t>(std::max<int64_t>(params, 0)) * 12, replicas_here) / per_rank_share;
+  const uint64_t needed = SaturatingAdd(model_bytes, snapshot_bytes);
+  const uint64_t host = m.host_budget() > 0
+                            ? std::min(SaturatingMul(m.host_budget(), ranks_here), machine.host_memory_bytes)
+                            : machine.host_memory_bytes;
+  uint64_t device = SaturatingMul(m.device_budget(), ranks_here);
+  if (m.device_budget() == 0 && machine.device_memory_bytes > 0) device = machine.device_memory_bytes;
+  const uint64_t available = machine.device_is_host_memory
+                                 ? std::min(machine.host_memory_bytes, SaturatingAdd(host, device))
+                                 : SaturatingAdd(host, device);
   if (needed > available) {
-    p.Precondition(absl::StrCat(
-        "model: ", ToGptConfig(spec.model()).ParameterCount(), " parameters need ",
-        FormatSize(needed), " for weights, gradients and AdamW state, more than the ",
-        FormatSize(available), " of ", m.host_budget() > 0 ? "memory.host_budget" : "host memory",
-        m.device_budget() > 0 ? " and memory.device_budget" : "", "; choose a smaller model"));
+    std::string what = absl::StrCat("model: ", params, " parameters need ", FormatSize(state),
+                                    " for weights, gradients and AdamW state (16 bytes a parameter)");
+    if (replicas_here > 1) absl::StrAppend(&what, " x ", replicas_here, " data-parallel ranks on this machine");
+    if (snapshot_bytes > 0) {
+      absl::StrAppend(&what, ", plus ", FormatSize(snapshot_bytes),
+                      " for checkpoint snapshots (12 bytes a parameter)");
+    }
+    std::string of = m.host_budget() > 0 ? "memory.host_budget" : "host memory";
+    if (machine.device_is_host_memory) {
+      absl::StrAppend(&of, " (the simulated device's memory is host memory too)");
+    } else if (device > 0) {
+      absl::StrAppend(&of, m.device_budget() > 0 ? " and memory.device_budget" : " and the device's memory");
+    }
+    std::vector<std::string> fixes = {"choose a smaller model"};
+    if (replicas_here > 1) fixes.push_back("fewer data-parallel ranks (parallel.data)");
+    if (m.host_budget() > 0 && SaturatingMul(m.host_budget(), ranks_here) < machine.host_memory_bytes) {
+      fixes.push_back("raise memory.host_budget");
+    }
+    p.Precondition(absl::StrCat(what, ", more than the ", FormatSize(available), " of ", of, "; ",
+                                absl::StrJoin(fixes, ", or ")));
   }
 }
 
@@ -245,15 +331,47 @@ void CheckParallel(Problems& p, const JobSpec& spec) {
   }
 }
 
-void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c) {
+void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c, const MachineFacts& machine) {
   if (c.dir().empty()) {
     if (c.every_steps() != 0 || c.keep() != 0 || c.on_error() != ferry::v1::CHECKPOINT_ON_ERROR_UNSPECIFIED) {
       p.Invalid("checkpoint.dir: set it to a directory, or remove every_steps, keep and on_error");
     }
     return;
   }
-  CheckPath(p, "checkpoint.dir", c.dir());
+  CheckPath(p, "checkpoint.dir", c.dir(), PathKind::kDirectory, machine);
   p.Range<uint32_t>("checkpoint.keep", c.keep(), 1, 1000);
+}
+
+// Paths the checks above do not know (fields marked `(ferry.v1.path)` other
+// than data.path and checkpoint.dir): confined like them, whatever they
+// name, so that a path field added to the spec is never left unchecked.
+void CheckOtherPaths(Problems& p, const google::protobuf::Message& message, const std::string& prefix,
+                     const MachineFacts& machine) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    const std::string name = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      CheckOtherPaths(p, reflection->GetMessage(message, f), name, machine);
+      continue;
+    }
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_STRING ||
+        !f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "checkpoint.dir") {
+      continue;
+    }
+    std::vector<std::string> values;
+    if (f->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(message, f); ++i) {
+        values.push_back(reflection->GetRepeatedString(message, f, i));
+      }
+    } else {
+      values.push_back(reflection->GetString(message, f));
+    }
+    for (const std::string& value : values) {
+      if (!value.empty()) CheckPath(p, name.c_str(), value, PathKind::kFile, machine);
+    }
+  }
 }
 
 }  // namespace
@@ -268,6 +386,9 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   if (spec.name().size() > kMaxNameLength) {
     p.Invalid(absl::StrCat("name: ", spec.name().size(), " characters; use at most ",
                            kMaxNameLength));
+  } else if (std::any_of(spec.name().begin(), spec.name().end(),
+                         [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    p.Invalid("name: contains a control character (a newline, a tab, NUL...); use printable text");
   }
   const bool model_ok = CheckModel(p, spec.model());
   CheckData(p, spec, machine);
@@ -276,7 +397,8 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   if (model_ok) CheckMemory(p, spec, machine);
   CheckParallel(p, spec);
   p.Range<uint32_t>("max_restarts", spec.max_restarts(), 0, 100);
-  CheckCheckpoint(p, spec.checkpoint());
+  CheckCheckpoint(p, spec.checkpoint(), machine);
+  CheckOtherPaths(p, spec, "", machine);
   return p.ToStatus();
 }
 

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 
@@ -200,6 +204,177 @@ TEST(SpecValidatorTest, MixedPrecisionAndItsLossScale) {
   }
   ExpectProblem("data: {synthetic: {}}\ntrain: {precision: fp16, loss_scale: 0.5}",
                 absl::StatusCode::kInvalidArgument, "train.loss_scale: 0.5 is out of range");
+}
+
+// A fresh directory under the test's temporary directory, resolved.
+std::string FreshDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name + ".XXXXXX";
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  char real[PATH_MAX];
+  EXPECT_NE(realpath(pattern.c_str(), real), nullptr);
+  return real;
+}
+
+class AllowedRootsValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = FreshDir("roots");
+    root_ = base_ + "/root";
+    outside_ = base_ + "/outside";
+    ASSERT_EQ(mkdir(root_.c_str(), 0755), 0);
+    ASSERT_EQ(mkdir(outside_.c_str(), 0755), 0);
+    std::ofstream(root_ + "/t.bin", std::ios::binary) << std::string(2000, '\0');
+    std::ofstream(outside_ + "/t.bin", std::ios::binary) << std::string(2000, '\0');
+    machine_ = Machine();
+    absl::StatusOr<AllowedRoots> roots = AllowedRoots::Make({root_});
+    ASSERT_TRUE(roots.ok()) << roots.status();
+    machine_.allowed_roots = *roots;
+  }
+  absl::Status Validate(const std::string& yaml) { return ValidateSpec(Resolved(yaml), machine_); }
+  std::string base_, root_, outside_;
+  MachineFacts machine_;
+};
+
+TEST_F(AllowedRootsValidationTest, PathsInsideAreAccepted) {
+  EXPECT_TRUE(Validate("data: {path: " + root_ + "/t.bin}").ok()) << Validate("data: {path: " + root_ + "/t.bin}");
+  // A checkpoint directory that does not exist yet, under a root.
+  const std::string yaml = "data: {path: " + root_ + "/t.bin}\ncheckpoint: {dir: " + root_ + "/new/ckpt}";
+  EXPECT_TRUE(Validate(yaml).ok()) << Validate(yaml);
+  // A link that stays inside.
+  ASSERT_EQ(symlink((root_ + "/t.bin").c_str(), (root_ + "/alias.bin").c_str()), 0);
+  EXPECT_TRUE(Validate("data: {path: " + root_ + "/alias.bin}").ok());
+}
+
+TEST_F(AllowedRootsValidationTest, PathsOutsideArePermissionDenied) {
+  absl::Status s = Validate("data: {path: /etc/passwd}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("data.path: /etc/passwd is outside the allowed roots (" + root_ +
+                             "); put the file under one of them or start ferryd with --allowed_roots "
+                             "including its directory"),
+            std::string::npos)
+      << s;
+  // `..` out of the root.
+  s = Validate("data: {path: " + root_ + "/../outside/t.bin}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("resolves to " + outside_ + "/t.bin, outside"), std::string::npos) << s;
+  // A missing file outside: refused as outside, its absence not told.
+  s = Validate("data: {path: " + outside_ + "/missing.bin}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_EQ(s.message().find("does not exist"), std::string::npos) << s;
+  // Links out: to a file, and a checkpoint directory through a link to a
+  // directory.
+  ASSERT_EQ(symlink((outside_ + "/t.bin").c_str(), (root_ + "/link.bin").c_str()), 0);
+  EXPECT_EQ(Validate("data: {path: " + root_ + "/link.bin}").code(), absl::StatusCode::kPermissionDenied);
+  ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/ckpt").c_str()), 0);
+  s = Validate("data: {synthetic: {}}\ncheckpoint: {dir: " + root_ + "/ckpt/run1}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("checkpoint.dir: " + root_ + "/ckpt/run1 resolves to " + outside_ +
+                             "/run1, outside the allowed roots (" + root_ + "); put the directory"),
+            std::string::npos)
+      << s;
+  // A malformed field still makes the whole submission INVALID_ARGUMENT,
+  // with the path's problem listed too.
+  s = Validate("data: {path: /etc/passwd}\nmodel: {layers: 5000}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("outside the allowed roots"), std::string::npos) << s;
+}
+
+TEST_F(AllowedRootsValidationTest, DeviceFilesAndFifosAreRefused) {
+  ASSERT_EQ(mkfifo((root_ + "/fifo").c_str(), 0644), 0);
+  absl::Status s = Validate("data: {path: " + root_ + "/fifo}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("is a FIFO"), std::string::npos) << s;
+  MachineFacts everywhere = Machine();  // no roots: still no device files
+  s = ValidateSpec(Resolved("data: {path: /dev/zero}"), everywhere);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("data.path: /dev/zero is a character device"), std::string::npos) << s;
+  s = ValidateSpec(Resolved("data: {synthetic: {}}\ncheckpoint: {dir: /dev/null}"), everywhere);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+}
+
+TEST_F(AllowedRootsValidationTest, ACheckpointDirectoryMustBeOneOrCreatable) {
+  absl::Status s = Validate("data: {synthetic: {}}\ncheckpoint: {dir: " + root_ + "/t.bin}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("is not a directory"), std::string::npos) << s;
+  s = Validate("data: {synthetic: {}}\ncheckpoint: {dir: " + root_ + "/t.bin/ckpt}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
+TEST(SpecLimitsTest, StringsAreBounded) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  ExpectProblem("data: {path: /" + std::string(5000, 'p') + "}", kInvalid,
+                "data.path: 5001 characters, longer than 4096 (PATH_MAX)");
+  ExpectProblem("data: {synthetic: {}}\ncheckpoint: {dir: /" + std::string(5000, 'c') + "}", kInvalid,
+                "checkpoint.dir: 5001 characters");
+  ExpectProblem("data: {synthetic: {}}\nname: \"two\\nlines\"", kInvalid, "name: contains a control character");
+  JobSpec spec = Resolved("data: {synthetic: {}}");
+  spec.mutable_data()->set_path(std::string("/tmp/a\0b", 8));
+  absl::Status s = ValidateSpec(spec, Machine());
+  EXPECT_EQ(s.code(), kInvalid) << s;
+  EXPECT_NE(s.message().find("data.path: contains a NUL character"), std::string::npos) << s;
+  JobSpec preset;
+  preset.mutable_model()->set_preset(std::string(1000, 'x'));
+  absl::StatusOr<JobSpec> resolved = WithDefaults(preset);
+  EXPECT_EQ(resolved.status().code(), kInvalid);
+  EXPECT_NE(resolved.status().message().find("model.preset: 1000 characters is not a preset name"),
+            std::string::npos)
+      << resolved.status();
+  EXPECT_LT(resolved.status().message().size(), 200u);
+}
+
+TEST(SpecLimitsTest, BudgetsAreCheckedAgainstTheDevice) {
+  MachineFacts gpu = Machine();
+  gpu.device_memory_bytes = 8 * kGiB;
+  absl::Status s = ValidateSpec(Resolved("data: {synthetic: {}}\nmemory: {device_budget: 80GiB}"), gpu);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("memory.device_budget: 80 GiB is more than the device's memory (8 GiB); lower it"),
+            std::string::npos)
+      << s;
+  MachineFacts simulated = Machine();
+  simulated.device_is_host_memory = true;
+  s = ValidateSpec(Resolved("data: {synthetic: {}}\nmemory: {device_budget: 32GiB}"), simulated);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("the simulated device (there is no GPU)"), std::string::npos) << s;
+  // The simulated device's budget is host memory, not more of it: gpt2-xl
+  // (23 GiB of state) does not fit 16 GiB of host memory with a 15 GiB
+  // "device" either, where a GPU's 15 GiB would add to the host's.
+  const std::string xl = "data: {synthetic: {}}\nmodel: {preset: gpt2-xl}\nmemory: {device_budget: 15GiB}";
+  s = ValidateSpec(Resolved(xl), simulated);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("the simulated device's memory is host memory too"), std::string::npos) << s;
+  gpu.device_memory_bytes = 16 * kGiB;
+  EXPECT_TRUE(ValidateSpec(Resolved(xl), gpu).ok()) << ValidateSpec(Resolved(xl), gpu);
+}
+
+TEST(SpecLimitsTest, ReplicasAndCheckpointSnapshotsCountOnOneMachine) {
+  // gpt2-small: about 124M parameters, 1.85 GiB of training state.
+  const JobSpec small = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}");
+  const uint64_t state = TrainingStateBytes(small.model());
+  MachineFacts machine = Machine();
+  machine.host_memory_bytes = state * 3 / 2;
+  machine.device_is_host_memory = true;
+  EXPECT_TRUE(ValidateSpec(small, machine).ok()) << ValidateSpec(small, machine);
+  // A checkpoint's snapshot (12 bytes a parameter) does not fit beside it.
+  absl::Status s = ValidateSpec(
+      Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\ncheckpoint: {dir: /nonexistent/ckpt}"),
+      [&] {
+        MachineFacts m = machine;
+        m.check_files = false;
+        return m;
+      }());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("for checkpoint snapshots (12 bytes a parameter)"), std::string::npos) << s;
+  // Two data-parallel replicas on this machine do not fit; under a
+  // launcher (ranks elsewhere) one rank's share does.
+  const JobSpec replicated = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 2}");
+  machine.ranks_share_host = true;
+  s = ValidateSpec(replicated, machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("x 2 data-parallel ranks on this machine"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("fewer data-parallel ranks (parallel.data)"), std::string::npos) << s;
+  machine.ranks_share_host = false;
+  EXPECT_TRUE(ValidateSpec(replicated, machine).ok()) << ValidateSpec(replicated, machine);
 }
 
 }  // namespace
