@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -90,6 +91,23 @@ TEST(TokenFileSourceTest, SameSeedSameWindows) {
   (*a)->SampleWindows(4, 17, &ta);
   (*b)->SampleWindows(4, 17, &tb);
   EXPECT_EQ(ta, tb);
+}
+
+// An already open file (opened safely by the caller) reads the same.
+TEST(TokenFileSourceTest, FromAnOpenFileReadsTheSame) {
+  const std::string path = TempPath("fd.bin");
+  std::string bytes(4000, '\0');
+  for (size_t i = 0; i < bytes.size(); i += 2) bytes[i] = static_cast<char>(i % 251);
+  WriteFile(path, bytes);
+  auto a = TokenFileSource::Open(path, 256, 17, 5);
+  auto b = TokenFileSource::FromFd(open(path.c_str(), O_RDONLY | O_CLOEXEC), path, 256, 17, 5);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<int64_t> ta, tb;
+  (*a)->SampleWindows(4, 17, &ta);
+  (*b)->SampleWindows(4, 17, &tb);
+  EXPECT_EQ(ta, tb);
+  auto dir = TokenFileSource::FromFd(open(TempPath("").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), "dir", 256, 17, 5);
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(TokenFileSourceTest, RejectsBadFilesWithTheFieldAndTheFix) {

@@ -22,6 +22,12 @@ absl::StatusOr<std::unique_ptr<TokenFileSource>> TokenFileSource::Open(const std
     return absl::NotFoundError(
         absl::StrCat("data.path: cannot open ", path, ": ", std::strerror(errno)));
   }
+  return FromFd(fd, path, vocab_size, window, seed);
+}
+
+absl::StatusOr<std::unique_ptr<TokenFileSource>> TokenFileSource::FromFd(int fd, const std::string& path,
+                                                                         int64_t vocab_size,
+                                                                         int64_t window, uint64_t seed) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);

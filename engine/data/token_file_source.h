@@ -19,6 +19,12 @@ class TokenFileSource : public TokenSource {
   static absl::StatusOr<std::unique_ptr<TokenFileSource>> Open(const std::string& path,
                                                                int64_t vocab_size,
                                                                int64_t window, uint64_t seed);
+  // The same for a file already open for reading (`fd`, which this takes
+  // and closes): for callers that open it safely themselves (see
+  // engine/common/safe_path.h). `path` names it in messages.
+  static absl::StatusOr<std::unique_ptr<TokenFileSource>> FromFd(int fd, const std::string& path,
+                                                                 int64_t vocab_size, int64_t window,
+                                                                 uint64_t seed);
   ~TokenFileSource() override;
 
   void SampleWindows(int64_t count, int64_t window, std::vector<int64_t>* tokens) override;
