@@ -18,7 +18,33 @@ PACKAGES=(
   # scraping /metrics, PyTorch for reading exported weights, the sqlite3 shell
   # for the job store's tests, strace for crashing a worker mid-checkpoint.
   python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch strace
+  # Monitoring tests: Prometheus and promtool; Node.js for type-checking the
+  # Grafana dashboard (tests/monitoring).
+  prometheus nodejs
 )
+# A Node.js from elsewhere (NodeSource's nodejs) brings its own npm.
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
+
+# The dashboard type check's npm packages (deploy/grafana/check), fetched
+# once into this cache; the test installs them from it.
+NPM_CACHE="${FERRY_NPM_CACHE:-$HOME/.cache/ferry/npm}"
+fill_npm_cache() {
+  local check lock stamp tmp
+  check="$(cd "$(dirname "$0")/.." && pwd)/deploy/grafana/check"
+  lock="$check/package-lock.json"
+  [ -f "$lock" ] && command -v npm >/dev/null 2>&1 || return 0
+  stamp="$NPM_CACHE/.ferry-$(sha256sum "$lock" | cut -c1-16)"
+  [ -e "$stamp" ] && return 0
+  tmp="$(mktemp -d)"
+  cp "$check/package.json" "$lock" "$tmp/"
+  if (cd "$tmp" && npm ci --cache "$NPM_CACHE" --no-audit --no-fund --ignore-scripts >/dev/null 2>&1); then
+    touch "$stamp"
+    echo "install_deps: npm packages for the dashboard check cached in $NPM_CACHE" >&2
+  else
+    echo "install_deps: could not fetch the dashboard check's npm packages (registry unreachable?)" >&2
+  fi
+  rm -rf "$tmp"
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -28,6 +54,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  fill_npm_cache
   exit 0
 fi
 
@@ -38,3 +65,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install_deps: done" >&2
+fill_npm_cache
