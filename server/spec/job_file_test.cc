@@ -109,6 +109,22 @@ TEST(JobFileTest, OverrideCanSetWholeGroupsAndRejectsUnknownFields) {
   EXPECT_NE(spec.status().message().find("name: is not a group of fields"), std::string::npos);
 }
 
+// Found by //tests/fuzz:job_spec_yaml_fuzzer: a string that is not UTF-8
+// was accepted, though protobuf refuses to send it (the CLI's Submit failed
+// with an internal error, and the JSON form read back changed).
+TEST(JobFileTest, RefusesStringsThatAreNotUtf8) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec("name: \"t\xa4\"\ndata: {path: \"/d/t.\xa4" "bin\"}", "/x");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("name: is not valid UTF-8"), std::string::npos) << spec.status();
+  for (const char* bad : {"\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82", "\x80"}) {
+    spec = ParseJobSpec("", "/x", {std::string("name=\"") + bad + "\""}, "/c");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  spec = ParseJobSpec("name: \"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x82\"", "/x");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x82");
+}
+
 TEST(JobFileTest, MissingFileIsNotFound) {
   absl::StatusOr<JobSpec> spec = LoadJobFile("/nonexistent/job.yaml");
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
