@@ -10,6 +10,7 @@
 #include <random>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,33 @@ using ferry::v1::Job;
 using ferry::v1::JobEvent;
 using ferry::v1::JobState;
 
+
+// Adds `authorization: Bearer TOKEN` to every call of the channel.
+class BearerToken final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerToken(const std::string& header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string& header_;
+};
+
+class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(const std::string& token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerToken(header_);
+  }
+
+ private:
+  const std::string header_;
+};
 
 int ExitCodeFor(JobState s) { return s == ferry::v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobFailed; }
 
@@ -53,8 +81,18 @@ class Cli {
  private:
   ferry::v1::Ferry::Stub& Stub() {
     if (!stub_) {
-      stub_ = ferry::v1::Ferry::NewStub(
-          grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials()));
+      std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+      if (options_.tls) {
+        grpc::SslCredentialsOptions ssl;
+        ssl.pem_root_certs = options_.tls_ca_pem;
+        ssl.pem_cert_chain = options_.tls_cert_pem;
+        ssl.pem_private_key = options_.tls_key_pem;
+        credentials = grpc::SslCredentials(ssl);
+      }
+      std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+      if (!options_.token.empty()) interceptors.push_back(std::make_unique<BearerTokenFactory>(options_.token));
+      stub_ = ferry::v1::Ferry::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
+          options_.address, credentials, grpc::ChannelArguments(), std::move(interceptors)));
     }
     return *stub_;
   }
@@ -69,8 +107,15 @@ class Cli {
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
         status.error_message().find("shutting down") == std::string::npos &&
         status.error_message().find("starting") == std::string::npos) {
+      std::string tls_hint;
+      if (status.error_message().find("Connection refused") == std::string::npos) {
+        tls_hint = options_.tls ? " (with TLS: --tls_ca must be the CA that signed ferryd's certificate; "
+                                  "a ferryd that requires client certificates needs --tls_cert and --tls_key)"
+                                : " (if ferryd serves TLS, give --tls_ca)";
+      }
       err_ << "ferry: cannot reach ferryd at " << options_.address
-           << " (is it running? set --address or FERRY_ADDRESS): " << status.error_message() << "\n";
+           << " (is it running? set --address or FERRY_ADDRESS): " << status.error_message() << tls_hint
+           << "\n";
       return kExitUnavailable;
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -500,6 +545,10 @@ std::string CliUsage() {
                                                   safetensors (Hugging Face GPT-2 names, fp32)
 
   --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)
+  --token     bearer token for a ferryd with --tokens_file (default $FERRY_TOKEN)
+  --tls_ca    PEM CA that signed ferryd's certificate; turns TLS on (default $FERRY_TLS_CA)
+  --tls_cert, --tls_key   this client's PEM certificate and key, for a ferryd that
+              requires client certificates (default $FERRY_TLS_CERT, $FERRY_TLS_KEY)
   -o json     print JSON instead of text
   --timeout   seconds to wait for each answer (default 10)
 Exit codes: 0 ok, 1 the job failed or was cancelled, 2 bad usage or a refused request,

@@ -43,6 +43,15 @@ struct CliOptions {
   int rank = 0;
   // watch: how long to keep trying to reconnect before giving up.
   absl::Duration reconnect_for = absl::Minutes(2);
+  // Sent with every call as `authorization: Bearer TOKEN`; empty sends none.
+  std::string token;
+  // TLS to ferryd. The PEM contents of the CA that signed ferryd's
+  // certificate (empty: the system's roots), and for mTLS this client's
+  // certificate and key.
+  bool tls = false;
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
 };
 
 // `args` are the positional arguments after the program name, starting with

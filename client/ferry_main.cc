@@ -1,7 +1,9 @@
 // ferry: the command line client of ferryd.
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,7 +25,37 @@ ABSL_FLAG(std::vector<std::string>, state, {}, "list: only jobs in these states.
 ABSL_FLAG(int, limit, 1000, "list: at most this many jobs.");
 ABSL_FLAG(std::string, out, "", "data prepare: the token file to write.");
 ABSL_FLAG(int, rank, 0, "memory: which rank of a parallel job.");
+ABSL_FLAG(std::string, token, "",
+          "Bearer token for a ferryd with --tokens_file (default $FERRY_TOKEN; the environment keeps "
+          "it out of the process list).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that signed ferryd's certificate; turns TLS on (default $FERRY_TLS_CA).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "This client's PEM certificate, for a ferryd that requires one (default $FERRY_TLS_CERT).");
+ABSL_FLAG(std::string, tls_key, "", "The PEM private key of --tls_cert (default $FERRY_TLS_KEY).");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
+
+namespace {
+
+// The flag's value, else the environment variable's.
+std::string FlagOrEnv(const std::string& flag, const char* env) {
+  if (!flag.empty()) return flag;
+  const char* value = std::getenv(env);
+  return value != nullptr ? value : "";
+}
+
+bool ReadPem(const char* flag, const char* env, const std::string& path, std::string* pem) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (!in || !(text << in.rdbuf())) {
+    std::cerr << "ferry: --" << flag << " (or " << env << ") = " << path << ": cannot read it\n";
+    return false;
+  }
+  *pem = text.str();
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(ferry::CliUsage());
@@ -60,6 +92,27 @@ int main(int argc, char** argv) {
     return ferry::kExitUsage;
   }
   options.rank = absl::GetFlag(FLAGS_rank);
+  options.token = FlagOrEnv(absl::GetFlag(FLAGS_token), "FERRY_TOKEN");
+  for (char c : options.token) {
+    if (c <= ' ' || c >= 0x7f) {
+      std::cerr << "ferry: --token (or FERRY_TOKEN) has a space or a character that is not visible "
+                   "ASCII; give the token alone\n";
+      return ferry::kExitUsage;
+    }
+  }
+  const std::string tls_ca = FlagOrEnv(absl::GetFlag(FLAGS_tls_ca), "FERRY_TLS_CA");
+  const std::string tls_cert = FlagOrEnv(absl::GetFlag(FLAGS_tls_cert), "FERRY_TLS_CERT");
+  const std::string tls_key = FlagOrEnv(absl::GetFlag(FLAGS_tls_key), "FERRY_TLS_KEY");
+  if (tls_cert.empty() != tls_key.empty()) {
+    std::cerr << "ferry: --tls_cert and --tls_key (FERRY_TLS_CERT, FERRY_TLS_KEY) go together: give both\n";
+    return ferry::kExitUsage;
+  }
+  options.tls = !tls_ca.empty() || !tls_cert.empty();
+  if ((!tls_ca.empty() && !ReadPem("tls_ca", "FERRY_TLS_CA", tls_ca, &options.tls_ca_pem)) ||
+      (!tls_cert.empty() && !ReadPem("tls_cert", "FERRY_TLS_CERT", tls_cert, &options.tls_cert_pem)) ||
+      (!tls_key.empty() && !ReadPem("tls_key", "FERRY_TLS_KEY", tls_key, &options.tls_key_pem))) {
+    return ferry::kExitUsage;
+  }
   const std::vector<std::string> args(positional.begin() + 1, positional.end());
   return ferry::RunCli(args, options, std::cout, std::cerr);
 }

@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <glog/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -13,10 +16,13 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/host_info.h"
+#include "server/api/auth.h"
 #include "server/api/ferry_service.h"
+#include "server/api/tokens.h"
 #include "server/common/files.h"
 #include "server/common/proto_time.h"
 #include "server/common/version.h"
@@ -35,6 +41,70 @@ constexpr char kServiceName[] = "ferry.v1.Ferry";
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// A secret file that every user may read or write deserves a warning.
+void WarnIfOpen(const char* flag, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & S_IRWXO) != 0) {
+    LOG(WARNING) << "--" << flag << "=" << path
+                 << " can be read or written by every user of this machine; chmod o-rwx it";
+  }
+}
+
+// Reads a PEM file named by --`flag`; `kind` is what its BEGIN line names
+// ("CERTIFICATE", "PRIVATE KEY").
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* kind) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (!in || !(text << in.rdbuf())) {
+    return absl::FailedPreconditionError(absl::StrCat("--", flag, "=", path, ": cannot read it (",
+                                                      std::strerror(errno), ")"));
+  }
+  const std::string pem = text.str();
+  const size_t begin = pem.find("-----BEGIN ");
+  if (begin == std::string::npos || pem.find(kind, begin) == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat("--", flag, "=", path, ": not a PEM ",
+                                                      absl::AsciiStrToLower(kind), " (no -----BEGIN ",
+                                                      kind, "----- line)"));
+  }
+  return pem;
+}
+
+// The gRPC port's credentials from the TLS flags: plaintext without them.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const DaemonOptions& options) {
+  if (options.tls_cert.empty() && options.tls_key.empty()) {
+    if (!options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca: client certificates need TLS; give --tls_cert and --tls_key too");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert: needs --tls_key, the certificate's private key");
+  }
+  if (options.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls_key: needs --tls_cert, the server's certificate");
+  }
+  absl::StatusOr<std::string> cert = ReadPem("tls_cert", options.tls_cert, "CERTIFICATE");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls_key", options.tls_key, "PRIVATE KEY");
+  if (!key.ok()) return key.status();
+  WarnIfOpen("tls_key", options.tls_key);
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("tls_client_ca", options.tls_client_ca, "CERTIFICATE");
+    if (!ca.ok()) return ca.status();
+    ssl = grpc::SslServerCredentialsOptions(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = *ca;
+  }
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
 }
 
 }  // namespace
@@ -115,19 +185,55 @@ absl::Status Daemon::Start() {
   service_options.jobs_dir = options_.state_dir + "/jobs";
   service_ = std::make_unique<FerryService>(registry_.get(), service_options);
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentialsFor(options_);
+  if (!credentials.ok()) return credentials.status();
+  if (!options_.tokens_file.empty()) {
+    absl::StatusOr<TokenTable> tokens = ReadTokensFile(options_.tokens_file);
+    if (!tokens.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--tokens_file=", tokens.status().message()));
+    }
+    WarnIfOpen("tokens_file", options_.tokens_file);
+    LOG(INFO) << "bearer tokens from " << options_.tokens_file << ": " << tokens->Count(Role::kViewer)
+              << " viewer, " << tokens->Count(Role::kSubmitter) << " submitter";
+    authorizer_ = std::make_unique<Authorizer>(std::move(*tokens));
+  } else {
+    authorizer_ = std::make_unique<Authorizer>();
+  }
+  authorized_service_ = std::make_unique<AuthorizedFerryService>(service_.get(), authorizer_.get());
+  const bool tls = !options_.tls_cert.empty();
+  if (!IsLoopback(HostOf(options_.listen)) && (!tls || options_.tokens_file.empty())) {
+    LOG(WARNING) << "--listen=" << options_.listen << " is reachable from other machines "
+                 << (tls ? "and any client may call it: give --tokens_file"
+                         : "and serves plaintext: give --tls_cert and --tls_key (and --tokens_file)");
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   // Without this a second daemon could bind the same port and share its
   // traffic.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(service_.get());
+  builder.RegisterService(authorized_service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
+    if (tls) {
+      // The address may be fine and the certificate or key not: try it plaintext.
+      grpc::ServerBuilder plain;
+      int plain_port = 0;
+      plain.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &plain_port);
+      plain.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+      std::unique_ptr<grpc::Server> probe = plain.BuildAndStart();
+      if (probe != nullptr && plain_port != 0) {
+        probe->Shutdown();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--tls_key=", options_.tls_key, ": gRPC cannot serve TLS with it and --tls_cert=",
+            options_.tls_cert, " (is it the certificate's private key?)"));
+      }
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "--listen=", options_.listen, ": cannot listen there (in use, or not a local address); "
         "choose another HOST:PORT"));
@@ -184,7 +290,9 @@ absl::Status Daemon::Start() {
   service_->SetReady(info);
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
-  LOG(INFO) << "serving on " << listen_address_ << ", metrics on "
+  LOG(INFO) << "serving on " << listen_address_
+            << (tls ? (options_.tls_client_ca.empty() ? " (TLS" : " (TLS, client certificates") : " (plaintext")
+            << (authorizer_->enabled() ? ", bearer tokens)" : ", no tokens)") << ", metrics on "
             << (metrics_address_.empty() ? "(off)" : metrics_address_) << ", device "
             << info.devices(0).name() << ", state in " << options_.state_dir;
 
@@ -196,6 +304,23 @@ absl::Status Daemon::Start() {
       return absl::FailedPreconditionError(absl::StrCat("--ready_file: ", s.message()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::ReloadTokens() {
+  if (options_.tokens_file.empty() || authorizer_ == nullptr) {
+    return absl::FailedPreconditionError("no --tokens_file to reload");
+  }
+  absl::StatusOr<TokenTable> tokens = ReadTokensFile(options_.tokens_file);
+  if (!tokens.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--tokens_file=", tokens.status().message(),
+                                                      "; keeping the tokens loaded before"));
+  }
+  WarnIfOpen("tokens_file", options_.tokens_file);
+  LOG(INFO) << "bearer tokens reloaded from " << options_.tokens_file << ": "
+            << tokens->Count(Role::kViewer) << " viewer, " << tokens->Count(Role::kSubmitter)
+            << " submitter";
+  authorizer_->SetTokens(std::move(*tokens));
   return absl::OkStatus();
 }
 

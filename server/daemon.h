@@ -21,6 +21,8 @@ class Exposer;
 
 namespace ferry {
 
+class Authorizer;
+class AuthorizedFerryService;
 class DaemonMetrics;
 class FerryService;
 class JobRegistry;
@@ -55,6 +57,15 @@ struct DaemonOptions {
   absl::Duration stop_grace = absl::Seconds(30);
   // If set, written once serving: JSON with the bound addresses and the pid.
   std::string ready_file;
+  // TLS for the gRPC port: PEM files of the server's certificate (chain) and
+  // private key, both or neither; empty serves plaintext. With tls_client_ca,
+  // clients must present a certificate signed by that CA (mTLS).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // If set, every ferry.v1.Ferry call needs `authorization: Bearer TOKEN`
+  // with a token from this file (server/api/tokens.h); ReloadTokens rereads it.
+  std::string tokens_file;
 };
 
 class Daemon {
@@ -69,6 +80,10 @@ class Daemon {
   // Stops accepting work (health NOT_SERVING, submits UNAVAILABLE), stops
   // the running job after its current step, closes the servers. Idempotent.
   void Shutdown(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Rereads --tokens_file (on SIGHUP) and logs the tokens per role. A file
+  // that does not parse keeps the tokens in use; the error says why.
+  absl::Status ReloadTokens();
 
   // The addresses actually bound (after Start), e.g. "127.0.0.1:50051".
   const std::string& listen_address() const { return listen_address_; }
@@ -86,6 +101,8 @@ class Daemon {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<FerryService> service_;
+  std::unique_ptr<Authorizer> authorizer_;
+  std::unique_ptr<AuthorizedFerryService> authorized_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ProcessExecutor> executor_;
   std::unique_ptr<JobRunner> runner_;

@@ -41,6 +41,14 @@ ABSL_FLAG(double, stop_grace_seconds, 30,
           "How long a worker may take to stop after a cancel or shutdown before it is killed.");
 ABSL_FLAG(std::string, ready_file, "",
           "Once serving, write the bound addresses and pid to this file as JSON.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "Serve gRPC over TLS with this PEM certificate (chain); needs --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "The PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "Require client certificates signed by this PEM CA (mTLS); needs --tls_cert.");
+ABSL_FLAG(std::string, tokens_file, "",
+          "Require `authorization: Bearer TOKEN` on every call: one `ROLE TOKEN` per line, roles viewer "
+          "and submitter, # comments; reread on SIGHUP.");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
 
 namespace {
@@ -121,6 +129,10 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
   options.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_seconds));
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
 
   ferry::Daemon daemon(options);
   if (absl::Status s = daemon.Start(); !s.ok()) {
@@ -136,7 +148,11 @@ int main(int argc, char** argv) {
     if (sigwait(&signals, &sig) != 0) continue;
     if (stopped.load()) break;
     if (sig == SIGHUP) {
-      LOG(INFO) << "SIGHUP: nothing to reload";
+      if (options.tokens_file.empty()) {
+        LOG(INFO) << "SIGHUP: nothing to reload (no --tokens_file)";
+      } else if (absl::Status s = daemon.ReloadTokens(); !s.ok()) {
+        LOG(WARNING) << "SIGHUP: " << s.message();
+      }
       continue;
     }
     if (shutdown.joinable()) {

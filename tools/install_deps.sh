@@ -16,8 +16,9 @@ PACKAGES=(
   libopenblas0-openmp
   # Tests and tools: the Python client stubs, YAML for the manifests, curl for
   # scraping /metrics, PyTorch for reading exported weights, the sqlite3 shell
-  # for the job store's tests, strace for crashing a worker mid-checkpoint.
-  python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch strace
+  # for the job store's tests, strace for crashing a worker mid-checkpoint,
+  # openssl for the certificates of the TLS tests.
+  python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch strace openssl
   # Monitoring tests: Prometheus and promtool; Node.js for type-checking the
   # Grafana dashboard (tests/monitoring).
   prometheus nodejs
