@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: installs what is missing, then `bazel test //...`.
+# Runs every test: installs what is missing, then `bazel test //...`, then
+# tools/sanitize.sh (the server and engine unit tests under AddressSanitizer
+# and UndefinedBehaviorSanitizer, the job core under ThreadSanitizer, and each
+# fuzzer for $FUZZ_SECONDS, default 30). FERRY_SANITIZERS=0 skips that part.
 # Extra arguments go to bazel (e.g. tools/test.sh --test_output=all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,3 +10,6 @@ bash tools/install_deps.sh
 # Run every test for real: a cached pass says nothing about this machine
 # (the tests also use installed tools Bazel does not track).
 bazel test //... --cache_test_results=no "$@"
+if [ "${FERRY_SANITIZERS:-1}" != 0 ]; then
+  tools/sanitize.sh "$@"
+fi

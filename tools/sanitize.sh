@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The sanitizer part of tools/test.sh (docs/BUILDING.md, "Sanitizers and
+# fuzzing"); extra arguments go to bazel.
+#   1. the server and engine unit tests under AddressSanitizer and
+#      UndefinedBehaviorSanitizer (--config=asan), but those tagged no_asan;
+#   2. the event buffer, job registry and job store tests under
+#      ThreadSanitizer (--config=tsan);
+#   3. every fuzzer for FUZZ_SECONDS (default 30) from its seed corpus
+#      (tools/fuzz.sh).
+# Each step runs even when an earlier one failed; the exit status is 1 if any
+# did.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+failed=()
+step() {
+  local name="$1"
+  shift
+  local start=$SECONDS
+  echo "sanitize: $name" >&2
+  if "$@"; then
+    echo "sanitize: $name passed in $((SECONDS - start)) s" >&2
+  else
+    echo "sanitize: $name FAILED after $((SECONDS - start)) s" >&2
+    failed+=("$name")
+  fi
+}
+
+step "ASan+UBSan: server and engine unit tests" \
+  bazel test --config=asan --cache_test_results=no --test_tag_filters=-no_asan \
+  //server/... //engine/... "$@"
+step "TSan: event buffer, job registry, job store" \
+  bazel test --config=tsan --cache_test_results=no \
+  //server/jobs:event_buffer_test //server/jobs:job_registry_test //server/jobs:job_store_test "$@"
+step "fuzzers, ${FUZZ_SECONDS:-30} s each" tools/fuzz.sh "${FUZZ_SECONDS:-30}"
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "sanitize: failed: ${failed[*]}" >&2
+  exit 1
+fi
