@@ -19,6 +19,9 @@ PACKAGES=(
   # for the job store's tests, strace for crashing a worker mid-checkpoint,
   # openssl for the certificates of the TLS tests.
   python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch strace openssl
+  # Sanitizer and fuzzing builds (--config=asan, tsan, fuzz): clang, its
+  # sanitizer and libFuzzer runtimes, llvm-symbolizer for their reports.
+  clang-14 libclang-rt-14-dev llvm-14
   # Monitoring tests: Prometheus and promtool; Node.js for type-checking the
   # Grafana dashboard (tests/monitoring).
   prometheus nodejs
