@@ -44,17 +44,17 @@ bool ParseDirName(const std::string& name, int64_t* step) {
   return name.size() == 17 && name.rfind("step-", 0) == 0 && absl::SimpleAtoi(name.substr(5), step);
 }
 
-absl::Status SyncPath(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
-  const int rc = fsync(fd);
-  close(fd);
-  return rc == 0 ? absl::OkStatus() : Errno("cannot sync", path);
+absl::Status SyncFd(int fd, const std::string& path) {
+  return fsync(fd) == 0 ? absl::OkStatus() : Errno("cannot sync", path);
 }
 
-// Writes `data` to `path` and syncs it.
-absl::Status WriteSynced(const std::string& path, const std::string& data) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+// Writes `data` to the new file `name` in the directory `dir` (shown as
+// `path`) and syncs it. A name already there (a leftover, or anything else
+// put in the way) is removed first, never opened: no link is followed and no
+// FIFO waited on.
+absl::Status WriteSynced(int dir, const std::string& name, const std::string& path, const std::string& data) {
+  (void)unlinkat(dir, name.c_str(), 0);
+  const int fd = openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", path);
   size_t done = 0;
   while (done < data.size()) {
@@ -75,9 +75,16 @@ absl::Status WriteSynced(const std::string& path, const std::string& data) {
   return close(fd) == 0 ? absl::OkStatus() : Errno("cannot close", path);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Reads the regular file `name` in `dir`; a link, a FIFO or a device there
+// is an error, never followed or waited on.
+absl::StatusOr<std::string> ReadFile(int dir, const std::string& name, const std::string& path) {
+  const int fd = openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is not a regular file"));
+  }
   std::string data;
   char buffer[1 << 16];
   for (;;) {
@@ -109,10 +116,20 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
-std::vector<std::string> ListDir(const std::string& dir) {
+// The directory `name` in `dir`, not through a link; -1 with errno.
+int OpenDirAt(int dir, const std::string& name) {
+  return openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+std::vector<std::string> ListDir(int dir) {
   std::vector<std::string> names;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return names;
+  const int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return names;
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return names;
+  }
   while (const dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     if (name != "." && name != "..") names.push_back(name);
@@ -121,19 +138,27 @@ std::vector<std::string> ListDir(const std::string& dir) {
   return names;
 }
 
-void RemoveTree(const std::string& path) {
+// Removes `name` in `dir`, and what it holds if it is a directory; a link is
+// removed, never followed.
+void RemoveTree(int dir, const std::string& name, int depth = 0) {
   struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    for (const std::string& name : ListDir(path)) RemoveTree(path + "/" + name);
-    rmdir(path.c_str());
-  } else {
-    unlink(path.c_str());
+  if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (!S_ISDIR(st.st_mode)) {
+    unlinkat(dir, name.c_str(), 0);
+    return;
   }
+  const int sub = OpenDirAt(dir, name);
+  if (sub >= 0) {
+    if (depth < 8) {
+      for (const std::string& entry : ListDir(sub)) RemoveTree(sub, entry, depth + 1);
+    }
+    close(sub);
+  }
+  unlinkat(dir, name.c_str(), AT_REMOVEDIR);
 }
 
 // Step numbers of the complete-looking checkpoint directories, newest first.
-std::vector<int64_t> Steps(const std::string& root) {
+std::vector<int64_t> Steps(int root) {
   std::vector<int64_t> steps;
   for (const std::string& name : ListDir(root)) {
     int64_t step = 0;
@@ -141,6 +166,13 @@ std::vector<int64_t> Steps(const std::string& root) {
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
+}
+
+// The checkpoint root `root`, open; NOT_FOUND when it cannot be opened.
+absl::StatusOr<int> OpenRoot(const std::string& root, const std::string& not_found) {
+  const int fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(not_found);
+  return fd;
 }
 
 std::string Manifest(const CheckpointContents& c) {
@@ -153,8 +185,14 @@ std::string Manifest(const CheckpointContents& c) {
 }
 
 // Reads and verifies one checkpoint directory; the error says what is wrong.
-absl::StatusOr<CheckpointContents> ReadCheckpointDir(const std::string& dir) {
-  absl::StatusOr<std::string> manifest = ReadFile(dir + "/" + kManifest);
+absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::string& dir, int64_t step) {
+  const int dir_fd = OpenDirAt(root_fd, DirName(step));
+  if (dir_fd < 0) return absl::DataLossError(absl::StrCat("cannot open it: ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{dir_fd};
+  absl::StatusOr<std::string> manifest = ReadFile(dir_fd, kManifest, dir + "/" + kManifest);
   if (!manifest.ok()) return absl::DataLossError("no readable MANIFEST (an unfinished write?)");
   CheckpointContents c;
   bool have_format = false;
@@ -180,7 +218,11 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(const std::string& dir) {
       if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &size) || !absl::SimpleHexAtoi(parts[2], &crc)) {
         return absl::DataLossError(absl::StrCat("MANIFEST: bad file line '", line, "'"));
       }
-      absl::StatusOr<std::string> data = ReadFile(dir + "/" + parts[0]);
+      // Only plain names: never a path out of the checkpoint's directory.
+      if (parts[0].empty() || parts[0] == "." || parts[0] == ".." || parts[0].find('/') != std::string::npos) {
+        return absl::DataLossError(absl::StrCat("MANIFEST: bad file name in '", line, "'"));
+      }
+      absl::StatusOr<std::string> data = ReadFile(dir_fd, parts[0], dir + "/" + parts[0]);
       if (!data.ok()) return absl::DataLossError(absl::StrCat(parts[0], ": missing"));
       if (data->size() != size) {
         return absl::DataLossError(
@@ -205,50 +247,81 @@ std::string Fingerprint(const std::string& bytes) {
 
 absl::Status WriteCheckpoint(const std::string& root, const CheckpointContents& contents, int keep) {
   if (absl::Status s = MakeDirs(root); !s.ok()) return s;
+  const int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0) return Errno("cannot open", root);
+  const absl::Status s = WriteCheckpointIn(root_fd, root, contents, keep);
+  close(root_fd);
+  return s;
+}
+
+absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const CheckpointContents& contents, int keep) {
   // What an earlier crash left half-written.
-  for (const std::string& name : ListDir(root)) {
-    if (name.rfind(".tmp-", 0) == 0) RemoveTree(root + "/" + name);
+  for (const std::string& name : ListDir(root_fd)) {
+    if (name.rfind(".tmp-", 0) == 0) RemoveTree(root_fd, name);
   }
   const std::string name = DirName(contents.step);
-  const std::string tmp = absl::StrCat(root, "/.tmp-", name, "-", getpid());
-  if (mkdir(tmp.c_str(), 0755) != 0) return Errno("cannot create", tmp);
+  const std::string tmp_name = absl::StrCat(".tmp-", name, "-", getpid());
+  const std::string tmp = absl::StrCat(root, "/", tmp_name);
+  if (mkdirat(root_fd, tmp_name.c_str(), 0755) != 0) return Errno("cannot create", tmp);
+  const int tmp_fd = OpenDirAt(root_fd, tmp_name);
+  if (tmp_fd < 0) {
+    const absl::Status s = Errno("cannot open", tmp);
+    RemoveTree(root_fd, tmp_name);
+    return s;
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{tmp_fd};
   auto fail = [&](absl::Status s) {
-    RemoveTree(tmp);
+    RemoveTree(root_fd, tmp_name);
     return s;
   };
   for (const auto& [file, data] : contents.files) {
     if (file.empty() || file.find('/') != std::string::npos || file == kManifest) {
       return fail(absl::InvalidArgumentError(absl::StrCat("checkpoint: bad file name '", file, "'")));
     }
-    if (absl::Status s = WriteSynced(tmp + "/" + file, data); !s.ok()) return fail(s);
+    if (absl::Status s = WriteSynced(tmp_fd, file, tmp + "/" + file, data); !s.ok()) return fail(s);
   }
   // The manifest last: a directory with one is complete.
-  if (absl::Status s = WriteSynced(tmp + "/" + kManifest, Manifest(contents)); !s.ok()) return fail(s);
-  if (absl::Status s = SyncPath(tmp); !s.ok()) return fail(s);
+  if (absl::Status s = WriteSynced(tmp_fd, kManifest, tmp + "/" + kManifest, Manifest(contents)); !s.ok()) {
+    return fail(s);
+  }
+  if (absl::Status s = SyncFd(tmp_fd, tmp); !s.ok()) return fail(s);
   const std::string final_dir = root + "/" + name;
-  RemoveTree(final_dir);  // an older write of the same step
-  if (rename(tmp.c_str(), final_dir.c_str()) != 0) return fail(Errno("cannot rename into", final_dir));
-  if (absl::Status s = SyncPath(root); !s.ok()) return s;
-  const std::string latest_tmp = root + "/" + kLatest + ".tmp";
-  if (absl::Status s = WriteSynced(latest_tmp, name + "\n"); !s.ok()) return s;
-  if (rename(latest_tmp.c_str(), (root + "/" + kLatest).c_str()) != 0) return Errno("cannot replace", root + "/latest");
-  if (absl::Status s = SyncPath(root); !s.ok()) return s;
-  const std::vector<int64_t> steps = Steps(root);
+  RemoveTree(root_fd, name);  // an older write of the same step
+  if (renameat(root_fd, tmp_name.c_str(), root_fd, name.c_str()) != 0) {
+    return fail(Errno("cannot rename into", final_dir));
+  }
+  if (absl::Status s = SyncFd(root_fd, root); !s.ok()) return s;
+  const std::string latest_tmp = std::string(kLatest) + ".tmp";
+  if (absl::Status s = WriteSynced(root_fd, latest_tmp, root + "/" + latest_tmp, name + "\n"); !s.ok()) return s;
+  if (renameat(root_fd, latest_tmp.c_str(), root_fd, kLatest) != 0) return Errno("cannot replace", root + "/latest");
+  if (absl::Status s = SyncFd(root_fd, root); !s.ok()) return s;
+  const std::vector<int64_t> steps = Steps(root_fd);
   for (size_t i = static_cast<size_t>(std::max(1, keep)); i < steps.size(); ++i) {
-    RemoveTree(root + "/" + DirName(steps[i]));
+    RemoveTree(root_fd, DirName(steps[i]));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root) {
+  absl::StatusOr<int> root_fd = OpenRoot(root, absl::StrCat("no usable checkpoint in ", root));
+  if (!root_fd.ok()) return root_fd.status();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpointIn(*root_fd, root);
+  close(*root_fd);
+  return loaded;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpointIn(int root_fd, const std::string& root) {
   LoadedCheckpoint loaded;
   // Newest first, whatever `latest` says: a crash between renaming a
   // complete checkpoint into place and updating `latest` leaves the newer
   // one valid (its manifest was written and synced before the rename).
-  for (int64_t step : Steps(root)) {
+  for (int64_t step : Steps(root_fd)) {
     const std::string name = DirName(step);
     const std::string dir = root + "/" + name;
-    absl::StatusOr<CheckpointContents> c = ReadCheckpointDir(dir);
+    absl::StatusOr<CheckpointContents> c = ReadCheckpointDir(root_fd, dir, step);
     if (!c.ok()) {
       loaded.skipped.push_back(absl::StrCat(name, ": ", c.status().message()));
       continue;
@@ -262,13 +335,21 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root) {
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointAt(const std::string& root, int64_t step) {
-  const std::vector<int64_t> steps = Steps(root);
+  absl::StatusOr<int> root_fd = OpenRoot(root, absl::StrCat("no checkpoint of step ", step, " in ", root));
+  if (!root_fd.ok()) return root_fd.status();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointIn(*root_fd, root, step);
+  close(*root_fd);
+  return loaded;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointIn(int root_fd, const std::string& root, int64_t step) {
+  const std::vector<int64_t> steps = Steps(root_fd);
   if (std::find(steps.begin(), steps.end(), step) == steps.end()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint of step ", step, " in ", root));
   }
   LoadedCheckpoint loaded;
   loaded.path = root + "/" + DirName(step);
-  absl::StatusOr<CheckpointContents> c = ReadCheckpointDir(loaded.path);
+  absl::StatusOr<CheckpointContents> c = ReadCheckpointDir(root_fd, loaded.path, step);
   if (!c.ok()) return absl::DataLossError(absl::StrCat(loaded.path, ": ", c.status().message()));
   loaded.contents = *std::move(c);
   return loaded;

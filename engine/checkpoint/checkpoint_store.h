@@ -39,6 +39,15 @@ struct CheckpointContents {
 // untouched.
 absl::Status WriteCheckpoint(const std::string& root, const CheckpointContents& contents, int keep);
 
+// WriteCheckpoint, LoadLatestCheckpoint and LoadCheckpointAt in a root
+// already open: `root_fd` is its directory opened O_RDONLY (by
+// OpenConfinedDir, say), `root` its path for messages. Everything below it
+// is reached from the descriptor, one name at a time, never through a
+// symbolic link, and a leftover name is removed rather than opened: a
+// process confined to the root stays there whatever is created inside it
+// (or done to the path of the root) while it runs.
+absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const CheckpointContents& contents, int keep);
+
 // A short, stable digest of `bytes` (CRC-32 and length) for checkpoint
 // metadata: e.g. of the settings a checkpoint was written under.
 std::string Fingerprint(const std::string& bytes);
@@ -58,5 +67,9 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root);
 // The checkpoint of `step` under `root`, if every file matches its manifest:
 // NOT_FOUND when there is none, DATA_LOSS (with why) when it is damaged.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointAt(const std::string& root, int64_t step);
+
+// See WriteCheckpointIn.
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpointIn(int root_fd, const std::string& root);
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointIn(int root_fd, const std::string& root, int64_t step);
 
 }  // namespace ferry
