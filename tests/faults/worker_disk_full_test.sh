@@ -95,7 +95,7 @@ echo "full disk: reported, step 50 kept, final loss $FULL = $CALM; on_error: fai
 # on_error: fail it fails naming the cause; the daemon serves on.
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
-"$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen= --ready_file="$WORK/ready.json" \
+"$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --ready_file="$WORK/ready.json" \
   >"$WORK/ferryd.out" 2>&1 &
 DAEMON=$!
 trap 'kill -9 $DAEMON 2>/dev/null || true' EXIT
@@ -109,6 +109,16 @@ ID="$("$FERRY" submit "$WORK/calm.yaml" --set=checkpoint.dir=$WORK/small3/ckpt -
 grep -q "checkpoint: step 100 not written: .*No space left on device" "$WORK/daemon-full.out" \
   || fail "the watcher did not see the full disk: $(grep checkpoint "$WORK/daemon-full.out" | head -3)"
 "$FERRY" get "$ID" | grep -q "^checkpoint: *step 50," || fail "ferry get does not show step 50 as the last checkpoint"
+# The metrics count the written checkpoint and the failed writes.
+METRICS="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_listen'])" "$WORK/ready.json")"
+curl -sf "http://$METRICS/metrics" >"$WORK/metrics.txt" || fail "cannot scrape ferryd's metrics"
+/usr/bin/python3 - "$WORK/metrics.txt" <<'PYEOF' || fail "checkpoint metrics: $(grep checkpoint "$WORK/metrics.txt" | grep -v '^#' | grep -v _bucket)"
+import re, sys
+m = dict(re.findall(r'^(ferry_(?:checkpoints_total\{result="\w+"\}|last_checkpoint_step)) (\S+)$', open(sys.argv[1]).read(), re.M))
+assert float(m['ferry_checkpoints_total{result="written"}']) == 1, m
+assert float(m['ferry_checkpoints_total{result="failed"}']) >= 2, m
+assert float(m['ferry_last_checkpoint_step']) == 50, m
+PYEOF
 small_fs "$WORK/small4"
 ID="$("$FERRY" submit "$WORK/strict.yaml" --set=checkpoint.dir=$WORK/small4/ckpt -o json \
   | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['id'])")"
