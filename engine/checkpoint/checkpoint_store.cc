@@ -192,11 +192,40 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::str
     int fd;
     ~Closer() { close(fd); }
   } closer{dir_fd};
-  absl::StatusOr<std::string> manifest = ReadFile(dir_fd, kManifest, dir + "/" + kManifest);
-  if (!manifest.ok()) return absl::DataLossError("no readable MANIFEST (an unfinished write?)");
+  absl::StatusOr<std::string> text = ReadFile(dir_fd, kManifest, dir + "/" + kManifest);
+  if (!text.ok()) return absl::DataLossError("no readable MANIFEST (an unfinished write?)");
+  absl::StatusOr<CheckpointManifest> manifest = ParseManifest(*text);
+  if (!manifest.ok()) return manifest.status();
+  if (manifest->step != step) {
+    return absl::DataLossError(absl::StrCat("MANIFEST: step ", manifest->step, ", the directory's is ", step));
+  }
   CheckpointContents c;
+  c.step = manifest->step;
+  c.meta = std::move(manifest->meta);
+  for (const CheckpointManifest::File& file : manifest->files) {
+    absl::StatusOr<std::string> data = ReadFile(dir_fd, file.name, dir + "/" + file.name);
+    if (!data.ok()) return absl::DataLossError(absl::StrCat(file.name, ": missing"));
+    if (data->size() != file.size) {
+      return absl::DataLossError(absl::StrCat(file.name, ": ", data->size(),
+                                              " bytes, the manifest says ", file.size,
+                                              " (truncated?)"));
+    }
+    const uint32_t actual = Crc32(*data);
+    if (actual != file.crc32) {
+      return absl::DataLossError(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x",
+                                                 file.name, actual, file.crc32));
+    }
+    c.files[file.name] = *std::move(data);
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text) {
+  CheckpointManifest m;
   bool have_format = false;
-  for (absl::string_view line : absl::StrSplit(*manifest, '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 1));
     if (f.size() != 2) return absl::DataLossError(absl::StrCat("MANIFEST: bad line '", line, "'"));
     if (f[0] == "format") {
@@ -207,39 +236,30 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::str
       }
       have_format = true;
     } else if (f[0] == "step") {
-      if (!absl::SimpleAtoi(f[1], &c.step)) return absl::DataLossError("MANIFEST: bad step");
+      if (!absl::SimpleAtoi(f[1], &m.step)) return absl::DataLossError("MANIFEST: bad step");
     } else if (f[0] == "meta") {
       std::vector<std::string> kv = absl::StrSplit(f[1], absl::MaxSplits(' ', 1));
-      c.meta[kv[0]] = kv.size() > 1 ? kv[1] : "";
+      m.meta[kv[0]] = kv.size() > 1 ? kv[1] : "";
     } else if (f[0] == "file") {
       std::vector<std::string> parts = absl::StrSplit(f[1], ' ');
-      uint64_t size = 0;
-      uint32_t crc = 0;
-      if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &size) || !absl::SimpleHexAtoi(parts[2], &crc)) {
+      CheckpointManifest::File file;
+      if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &file.size) ||
+          !absl::SimpleHexAtoi(parts[2], &file.crc32)) {
         return absl::DataLossError(absl::StrCat("MANIFEST: bad file line '", line, "'"));
       }
-      // Only plain names: never a path out of the checkpoint's directory.
-      if (parts[0].empty() || parts[0] == "." || parts[0] == ".." || parts[0].find('/') != std::string::npos) {
+      // Only plain names the writer accepts: never a path out of the
+      // checkpoint's directory, nor the directory or the manifest itself.
+      file.name = std::move(parts[0]);
+      if (file.name.empty() || file.name == "." || file.name == ".." || file.name == kManifest ||
+          file.name.find_first_of(std::string("/\0", 2)) != std::string::npos) {
         return absl::DataLossError(absl::StrCat("MANIFEST: bad file name in '", line, "'"));
       }
-      absl::StatusOr<std::string> data = ReadFile(dir_fd, parts[0], dir + "/" + parts[0]);
-      if (!data.ok()) return absl::DataLossError(absl::StrCat(parts[0], ": missing"));
-      if (data->size() != size) {
-        return absl::DataLossError(
-            absl::StrCat(parts[0], ": ", data->size(), " bytes, the manifest says ", size, " (truncated?)"));
-      }
-      const uint32_t actual = Crc32(*data);
-      if (actual != crc) {
-        return absl::DataLossError(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x", parts[0], actual, crc));
-      }
-      c.files[parts[0]] = *std::move(data);
+      m.files.push_back(std::move(file));
     }
   }
   if (!have_format) return absl::DataLossError("MANIFEST: no format line");
-  return c;
+  return m;
 }
-
-}  // namespace
 
 std::string Fingerprint(const std::string& bytes) {
   return absl::StrFormat("crc32-%08x-%d", Crc32(bytes), bytes.size());

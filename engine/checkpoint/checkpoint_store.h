@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ferry {
 
@@ -59,6 +60,24 @@ struct LoadedCheckpoint {
   // CRC-32 0x1234abcd, the manifest says 0x9f00e1c2").
   std::vector<std::string> skipped;
 };
+
+// A checkpoint's MANIFEST, parsed: the step, the metadata and each file's
+// expected size and CRC-32.
+struct CheckpointManifest {
+  struct File {
+    std::string name;
+    uint64_t size = 0;
+    uint32_t crc32 = 0;
+  };
+  int64_t step = 0;
+  std::map<std::string, std::string> meta;
+  std::vector<File> files;  // in the manifest's order
+};
+
+// Parses a MANIFEST's text (pure: reads no files). DATA_LOSS naming what is
+// wrong: a malformed line, another format version, no format line, or a file
+// name that is not a plain name inside the checkpoint's directory.
+absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text);
 
 // The newest checkpoint under `root` whose every file matches its manifest.
 // NOT_FOUND when there is none (`skipped` reasons in the message).

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace ferry {
 namespace {
 
@@ -182,6 +184,52 @@ TEST(CheckpointStoreTest, RunningOutOfRoomKeepsThePreviousCheckpoint) {
   EXPECT_EQ(loaded->contents.step, 100);
   EXPECT_TRUE(loaded->skipped.empty());
   EXPECT_EQ(std::system(("ls -a '" + root + "' | grep -q tmp").c_str()) != 0, true) << "a partial directory was left";
+}
+
+TEST(CheckpointStoreTest, ParsesTheManifestItWrites) {
+  const std::string root = FreshRoot("manifest");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 1).ok());
+  absl::StatusOr<CheckpointManifest> m = ParseManifest(Slurp(root + "/step-000000000100/MANIFEST"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->step, 100);
+  EXPECT_EQ(m->meta.at("world"), "tensor 2 data 1");
+  ASSERT_EQ(m->files.size(), 2u);
+  EXPECT_EQ(m->files[0].name, "rank0.model");
+  EXPECT_EQ(m->files[0].size, 1003u);
+  EXPECT_EQ(ParseManifest("step 3\n").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseManifest("format 1\nfile x 3\n").status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A manifest names only files inside its own checkpoint directory, and its
+// step is the directory's: one that says otherwise (damaged, or written by
+// hand) is skipped, never followed to another file.
+TEST(CheckpointStoreTest, AManifestCannotPointOutsideItsCheckpoint) {
+  const std::string root = FreshRoot("escape");
+  ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
+  ASSERT_TRUE(WriteCheckpoint(root, At(200), 3).ok());
+  const std::string secret = std::string(1000, 'a') + "100";
+  for (const std::string& name :
+       {std::string("../step-000000000100/rank0.model"), std::string("/etc/hostname"), std::string(".."),
+        std::string("MANIFEST"), std::string("a\0b", 3)}) {
+    EXPECT_EQ(ParseManifest("format 1\nfile " + name + " 1003 0\n").status().code(),
+              absl::StatusCode::kDataLoss)
+        << name;
+  }
+  const std::string manifest = root + "/step-000000000200/MANIFEST";
+  const std::string good = Slurp(manifest);
+  Spit(manifest, good + "file ../step-000000000100/rank0.model 1003 " +
+                     Fingerprint(secret).substr(6, 8) + "\n");
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.step, 100);
+  EXPECT_NE(loaded->skipped[0].find("bad file name"), std::string::npos) << loaded->skipped[0];
+  EXPECT_EQ(LoadCheckpointAt(root, 200).status().code(), absl::StatusCode::kDataLoss);
+
+  Spit(manifest, absl::StrCat("format 1\nstep 150\n", good.substr(good.find("meta"))));
+  absl::StatusOr<LoadedCheckpoint> at = LoadCheckpointAt(root, 200);
+  EXPECT_EQ(at.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(at.status().message().find("MANIFEST: step 150, the directory's is 200"), std::string::npos)
+      << at.status();
 }
 
 }  // namespace
