@@ -26,13 +26,15 @@ CALM="$(sed -n 's/^final loss //p' "$WORK/calm.out")"
 [ -n "$CALM" ] || fail "no final loss"
 
 # Once step 100 is written, strace attaches and turns the next rename (step
-# 150's directory, by the thread that writes it) into SIGKILL.
+# 150's directory, by the thread that writes it; renameat, relative to the
+# checkpoint directory's descriptor) into SIGKILL.
 job "$WORK/crash.yaml" "$WORK/crash-ckpt"
 "$WORKER" --spec="$WORK/crash.yaml" >"$WORK/crash.out" 2>&1 &
 PID=$!
 for _ in $(seq 1 600); do grep -q "checkpoint: step 100 written" "$WORK/crash.out" && break; sleep 0.01; done
 grep -q "checkpoint: step 100 written" "$WORK/crash.out" || fail "no checkpoint at step 100"
-strace -f -qq -o /dev/null -p "$PID" -e trace=rename -e inject=rename:error=EIO:signal=SIGKILL:when=1 &
+strace -f -qq -o /dev/null -p "$PID" -e trace=rename,renameat,renameat2 \
+  -e inject=rename,renameat,renameat2:error=EIO:signal=SIGKILL:when=1 &
 TRACER=$!
 set +e
 wait "$PID"
