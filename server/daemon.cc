@@ -1,11 +1,14 @@
 #include "server/daemon.h"
 
 #include <fcntl.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -20,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/host_info.h"
+#include "engine/common/safe_path.h"
 #include "server/api/auth.h"
 #include "server/api/ferry_service.h"
 #include "server/api/tokens.h"
@@ -37,6 +41,23 @@ namespace ferry {
 namespace {
 
 constexpr char kServiceName[] = "ferry.v1.Ferry";
+
+// The default --allowed_roots: the state directory, and the home
+// directory of the user the daemon runs as (unless that is "/", which would
+// confine nothing).
+std::vector<std::string> DefaultAllowedRoots(const std::string& state_dir) {
+  std::vector<std::string> roots = {state_dir};
+  std::string home;
+  if (const char* env = std::getenv("HOME"); env != nullptr && env[0] == '/') home = env;
+  if (home.empty()) {
+    if (const passwd* pw = getpwuid(getuid()); pw != nullptr && pw->pw_dir != nullptr) home = pw->pw_dir;
+  }
+  struct stat st;
+  if (!home.empty() && stat(home.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && NormalizePath(home) != "/") {
+    roots.push_back(home);
+  }
+  return roots;
+}
 
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -178,9 +199,22 @@ absl::Status Daemon::Start() {
               << counts[ferry::v1::JOB_STATE_PENDING] << " of them queued to run or resume";
   }
 
+  const bool default_roots = options_.allowed_roots.empty();
+  absl::StatusOr<AllowedRoots> roots =
+      AllowedRoots::Make(default_roots ? DefaultAllowedRoots(options_.state_dir) : options_.allowed_roots);
+  if (!roots.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--allowed_roots: ", roots.status().message(), "; give existing directories"));
+  }
+  LOG(INFO) << "paths in job specs must be inside " << roots->Describe()
+            << (default_roots ? " (the default: the state directory and your home directory; set --allowed_roots)"
+                              : "");
+
   FerryServiceOptions service_options;
   service_options.heartbeat_interval = options_.heartbeat_interval;
   service_options.machine.host_memory_bytes = HostMemoryTotalBytes();
+  service_options.machine.allowed_roots = *roots;
+  service_options.machine.ranks_share_host = true;
   service_options.worker_binary = options_.worker_binary;
   service_options.jobs_dir = options_.state_dir + "/jobs";
   service_ = std::make_unique<FerryService>(registry_.get(), service_options);
@@ -282,6 +316,7 @@ absl::Status Daemon::Start() {
   executor_options.worker_binary = options_.worker_binary;
   executor_options.jobs_dir = options_.state_dir + "/jobs";
   executor_options.device = options_.devices;
+  executor_options.allowed_roots = roots->ToFlag();
   executor_options.stop_grace = options_.stop_grace;
   executor_ = std::make_unique<ProcessExecutor>(executor_options);
   runner_ = std::make_unique<JobRunner>(registry_.get(), executor_.get());

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -57,6 +58,11 @@ struct DaemonOptions {
   absl::Duration stop_grace = absl::Seconds(30);
   // If set, written once serving: JSON with the bound addresses and the pid.
   std::string ready_file;
+  // Directories every path in a job spec (data.path, checkpoint.dir) must
+  // resolve inside; workers open those paths beneath them without following
+  // links. Empty: the state directory and the home directory of the user
+  // the daemon runs as.
+  std::vector<std::string> allowed_roots;
   // TLS for the gRPC port: PEM files of the server's certificate (chain) and
   // private key, both or neither; empty serves plaintext. With tls_client_ca,
   // clients must present a certificate signed by that CA (mTLS).

@@ -16,6 +16,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "server/common/version.h"
 #include "server/daemon.h"
 
@@ -49,6 +51,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, tokens_file, "",
           "Require `authorization: Bearer TOKEN` on every call: one `ROLE TOKEN` per line, roles viewer "
           "and submitter, # comments; reread on SIGHUP.");
+ABSL_FLAG(std::string, allowed_roots, "",
+          "Comma-separated directories every path in a job spec (data.path, checkpoint.dir) must resolve "
+          "inside. Default: the state directory and your home directory.");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
 
 namespace {
@@ -129,6 +134,9 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
   options.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_seconds));
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
+  for (absl::string_view dir : absl::StrSplit(absl::GetFlag(FLAGS_allowed_roots), ',', absl::SkipWhitespace())) {
+    options.allowed_roots.emplace_back(absl::StripAsciiWhitespace(dir));
+  }
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -36,6 +36,9 @@ ABSL_FLAG(bool, probe, false, "Print the devices this build can use as JSON and 
 ABSL_FLAG(int, parent_pid, 0,
           "Exit at once (SIGKILL) when this process, the daemon that started the worker, dies: a "
           "daemon that crashed and started again must not find its old workers still writing.");
+ABSL_FLAG(std::string, allowed_roots, "",
+          "Comma-separated directories the job's paths (data.path, checkpoint.dir) must stay in; they "
+          "are opened beneath them without following links (ferryd passes its own). Empty: anywhere.");
 ABSL_FLAG(int, collective_timeout_s, 300,
           "Under a launcher: seconds to wait for the other ranks and for any collective.");
 
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: ferry-worker --export=OUT.safetensors --spec=JOB.yaml\n");
       return ferry::kWorkerBadUsage;
     }
-    return ferry::RunExportWeights(absl::GetFlag(FLAGS_spec), out);
+    return ferry::RunExportWeights(absl::GetFlag(FLAGS_spec), out, absl::GetFlag(FLAGS_allowed_roots));
   }
   if (absl::GetFlag(FLAGS_spec).empty() || rest.size() > 1) {
     std::fprintf(stderr, "usage: ferry-worker --spec=JOB.yaml [--device=auto]\n");
@@ -82,6 +85,7 @@ int main(int argc, char** argv) {
   options.spec_path = absl::GetFlag(FLAGS_spec);
   options.report_fd = absl::GetFlag(FLAGS_report_fd);
   options.device = absl::GetFlag(FLAGS_device);
+  options.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
   // Under a launcher (torchrun, a Kubernetes training operator): one process
   // per rank, told its place by the environment.
   if (!EnvInt("RANK", 0, &options.rank) || !EnvInt("WORLD_SIZE", 1, &options.world_size) ||

@@ -64,7 +64,21 @@ grpc::Status FerryService::SubmitJob(grpc::ServerContext*, const ferry::v1::Subm
   }
   absl::StatusOr<ferry::v1::JobSpec> resolved = WithDefaults(request->spec());
   if (!resolved.ok()) return ToGrpcStatus(resolved.status());
-  if (absl::Status s = ValidateSpec(*resolved, options_.machine); !s.ok()) return ToGrpcStatus(s);
+  // The machine as probed: the device's memory, or the simulated device's
+  // share of host memory.
+  MachineFacts machine = options_.machine;
+  {
+    absl::MutexLock lock(&mu_);
+    if (info_.devices_size() > 0) {
+      const ferry::v1::Device& device = info_.devices(0);
+      if (device.kind() == "cpu") {
+        machine.device_is_host_memory = true;
+      } else {
+        machine.device_memory_bytes = device.memory_bytes();
+      }
+    }
+  }
+  if (absl::Status s = ValidateSpec(*resolved, machine); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<ferry::v1::Job> job =
       registry_->Submit(request->spec(), *resolved, request->request_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
@@ -192,7 +206,7 @@ grpc::Status FerryService::ExportWeights(grpc::ServerContext* context,
   // streams it.
   absl::StatusOr<ExportedWeights> exported =
       RunWorkerExport(options_.worker_binary, absl::StrCat(options_.jobs_dir, "/", request->job_id()), job->spec(),
-                      [context] { return context->IsCancelled(); });
+                      [context] { return context->IsCancelled(); }, options_.machine.allowed_roots.ToFlag());
   if (!exported.ok()) return ToGrpcStatus(exported.status());
   struct Remove {
     std::string path;

@@ -67,7 +67,8 @@ absl::StatusOr<ExportedWeights> ReadSafetensorsSummary(const std::string& path) 
 
 absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary, const std::string& job_dir,
                                                 const ferry::v1::JobSpec& spec,
-                                                const std::function<bool()>& cancelled) {
+                                                const std::function<bool()>& cancelled,
+                                                const std::string& allowed_roots) {
   if (absl::Status s = MakeDirs(job_dir); !s.ok()) return s;
   const std::string base =
       absl::StrCat(job_dir, "/export-", absl::ToUnixMicros(absl::Now()), "-", g_exports.fetch_add(1));
@@ -93,9 +94,9 @@ absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary
   const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0) return absl::InternalError(absl::StrCat("cannot open ", log_path, ": ", std::strerror(errno)));
   const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  absl::StatusOr<pid_t> pid =
-      Spawn({worker_binary, "--export=" + out_path, "--spec=" + spec_path, "--device=cpu"},
-            {{null >= 0 ? null : log, 0}, {log, 1}, {log, 2}});
+  std::vector<std::string> argv = {worker_binary, "--export=" + out_path, "--spec=" + spec_path, "--device=cpu"};
+  if (!allowed_roots.empty()) argv.push_back("--allowed_roots=" + allowed_roots);
+  absl::StatusOr<pid_t> pid = Spawn(argv, {{null >= 0 ? null : log, 0}, {log, 1}, {log, 2}});
   close(log);
   if (null >= 0) close(null);
   if (!pid.ok()) return absl::InternalError(std::string(pid.status().message()));

@@ -27,10 +27,12 @@ struct ExportedWeights {
 // polling `cancelled` (true kills it). FAILED_PRECONDITION with the worker's
 // message when the job cannot be exported (no checkpoint.dir, no checkpoint
 // yet...), CANCELLED, or INTERNAL with how the worker ended and the end of
-// its output.
+// its output. `allowed_roots` (comma-separated; empty: none) goes to the
+// worker, which then reads the checkpoints only beneath those directories.
 absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary, const std::string& job_dir,
                                                 const ferry::v1::JobSpec& spec,
-                                                const std::function<bool()>& cancelled);
+                                                const std::function<bool()>& cancelled,
+                                                const std::string& allowed_roots = "");
 
 // A safetensors file's summary from its header: tensors, and the step in
 // its metadata. INVALID_ARGUMENT if it is not one.

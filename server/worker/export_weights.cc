@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/checkpoint/checkpoint_store.h"
 #include "engine/checkpoint/safetensors.h"
+#include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
 #include "engine/memory/simulated_device.h"
 #include "engine/train/gpt2_export.h"
@@ -20,7 +22,10 @@
 
 namespace ferry {
 
-absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const std::string& out_path) {
+absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const std::string& out_path,
+                                            const std::string& allowed_roots) {
+  absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(allowed_roots);
+  if (!roots.ok()) return absl::InvalidArgumentError(absl::StrCat("--allowed_roots: ", roots.status().message()));
   ASSIGN_OR_RETURN(ferry::v1::JobSpec parsed, LoadJobFile(spec_path));
   ASSIGN_OR_RETURN(ferry::v1::JobSpec spec, WithDefaults(parsed));
   MachineFacts machine;
@@ -36,11 +41,35 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   // tensor rank, all of one step (data ranks hold the same weights).
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
   const std::string fingerprint = TrainingFingerprint(spec);
+  // Under allowed roots each rank's directory is opened beneath its root
+  // without following links, and read through that descriptor.
+  std::vector<std::shared_ptr<UniqueFd>> root_fds(static_cast<size_t>(tensor));
+  if (roots->confined()) {
+    for (int r = 0; r < tensor; ++r) {
+      const std::string root = absl::StrCat(checkpoint.dir(), "/rank", r);
+      absl::StatusOr<UniqueFd> fd = OpenConfinedDir(*roots, "checkpoint.dir", root, /*create=*/false);
+      if (absl::IsNotFound(fd.status())) continue;  // no checkpoint yet: said below
+      if (!fd.ok()) return fd.status();
+      root_fds[static_cast<size_t>(r)] = std::make_shared<UniqueFd>(*std::move(fd));
+    }
+  }
+  auto load_latest = [&](int r, const std::string& root) -> absl::StatusOr<LoadedCheckpoint> {
+    if (!roots->confined()) return LoadLatestCheckpoint(root);
+    const std::shared_ptr<UniqueFd>& fd = root_fds[static_cast<size_t>(r)];
+    if (fd == nullptr) return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", root));
+    return LoadLatestCheckpointIn(fd->get(), root);
+  };
+  auto load_at = [&](int r, const std::string& root, int64_t at) -> absl::StatusOr<LoadedCheckpoint> {
+    if (!roots->confined()) return LoadCheckpointAt(root, at);
+    const std::shared_ptr<UniqueFd>& fd = root_fds[static_cast<size_t>(r)];
+    if (fd == nullptr) return absl::NotFoundError(absl::StrCat("no checkpoint of step ", at, " in ", root));
+    return LoadCheckpointIn(fd->get(), root, at);
+  };
   std::vector<LoadedCheckpoint> ranks;
   int64_t step = -1;
   for (int r = 0; r < tensor; ++r) {
     const std::string root = absl::StrCat(checkpoint.dir(), "/rank", r);
-    absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+    absl::StatusOr<LoadedCheckpoint> loaded = load_latest(r, root);
     if (absl::IsNotFound(loaded.status())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint.dir: no checkpoint yet (", loaded.status().message(), "); the job writes one every ",
@@ -60,7 +89,7 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   for (int r = 0; r < tensor; ++r) {
     LoadedCheckpoint& c = ranks[static_cast<size_t>(r)];
     if (c.contents.step == step) continue;
-    absl::StatusOr<LoadedCheckpoint> older = LoadCheckpointAt(absl::StrCat(checkpoint.dir(), "/rank", r), step);
+    absl::StatusOr<LoadedCheckpoint> older = load_at(r, absl::StrCat(checkpoint.dir(), "/rank", r), step);
     if (!older.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint.dir: the tensor-parallel ranks' newest checkpoints are of different steps and rank ", r,
@@ -92,12 +121,13 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   return summary;
 }
 
-int RunExportWeights(const std::string& spec_path, const std::string& out_path) {
-  absl::StatusOr<ExportSummary> summary = ExportWeights(spec_path, out_path);
+int RunExportWeights(const std::string& spec_path, const std::string& out_path, const std::string& allowed_roots) {
+  absl::StatusOr<ExportSummary> summary = ExportWeights(spec_path, out_path, allowed_roots);
   if (!summary.ok()) {
     std::fprintf(stderr, "ferry-worker: %s\n", std::string(summary.status().message()).c_str());
     const absl::StatusCode code = summary.status().code();
-    return code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kInvalidArgument
+    return code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kInvalidArgument ||
+                   code == absl::StatusCode::kPermissionDenied
                ? kWorkerBadUsage
                : kWorkerFailed;
   }

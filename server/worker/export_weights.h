@@ -23,11 +23,15 @@ struct ExportSummary {
 // field, for a job without checkpoint.dir, without a checkpoint yet, or
 // whose checkpoints are of another training; INVALID_ARGUMENT for a spec
 // that does not load.
-absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const std::string& out_path);
+// `allowed_roots` (comma-separated; empty: none): checkpoints are read
+// only beneath these directories, never through a link.
+absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const std::string& out_path,
+                                            const std::string& allowed_roots = "");
 
 // The command: prints a one-line summary on stdout or the error on stderr;
 // returns the exit code (2 for bad usage: a bad spec, no checkpoint.dir, no
 // checkpoint yet, another training's checkpoints).
-int RunExportWeights(const std::string& spec_path, const std::string& out_path);
+int RunExportWeights(const std::string& spec_path, const std::string& out_path,
+                     const std::string& allowed_roots = "");
 
 }  // namespace ferry

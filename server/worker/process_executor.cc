@@ -148,9 +148,9 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
       env = {absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", world), absl::StrCat("LOCAL_RANK=", rank),
              "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)};
     }
-    const std::vector<std::string> argv = {options_.worker_binary, "--spec=" + spec_path, "--report_fd=3",
-                                           "--device=" + options_.device,
-                                           absl::StrCat("--parent_pid=", getpid())};
+    std::vector<std::string> argv = {options_.worker_binary, "--spec=" + spec_path, "--report_fd=3",
+                                     "--device=" + options_.device, absl::StrCat("--parent_pid=", getpid())};
+    if (!options_.allowed_roots.empty()) argv.push_back("--allowed_roots=" + options_.allowed_roots);
     absl::StatusOr<pid_t> spawned =
         Spawn(argv, {{command_read.get(), 0}, {log.get(), 1}, {log.get(), 2}, {report_write.get(), 3}}, env);
     if (!spawned.ok()) {

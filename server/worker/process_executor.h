@@ -14,6 +14,9 @@ struct ProcessExecutorOptions {
   std::string jobs_dir;
   // Passed to the worker: auto, cpu, cuda, cuda:N. Default auto.
   std::string device = "auto";
+  // Passed to the worker as --allowed_roots (comma-separated) when not
+  // empty: it opens the job's paths only beneath these directories.
+  std::string allowed_roots;
   // After asking a worker to stop, how long to wait before killing it.
   // Default 30 s.
   absl::Duration stop_grace = absl::Seconds(30);

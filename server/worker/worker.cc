@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/checkpoint/async_writer.h"
 #include "engine/checkpoint/checkpoint_store.h"
+#include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/data/token_file_source.h"
@@ -293,15 +294,20 @@ absl::Status CheckpointFailure(const absl::Status& write) {
   return absl::Status(write.code(), absl::StrCat(write.message(), " (checkpoint.on_error: fail)"));
 }
 
-absl::StatusOr<std::unique_ptr<TokenSource>> MakeSource(const ferry::v1::JobSpec& spec) {
+absl::StatusOr<std::unique_ptr<TokenSource>> MakeSource(const ferry::v1::JobSpec& spec, const AllowedRoots& roots) {
   const ferry::v1::DataSpec& data = spec.data();
   if (data.has_synthetic()) {
     return std::unique_ptr<TokenSource>(std::make_unique<SyntheticSource>(
         spec.model().vocab_size(), data.synthetic().branching(), data.synthetic().seed(),
         spec.train().seed()));
   }
-  absl::StatusOr<std::unique_ptr<TokenFileSource>> file = TokenFileSource::Open(
-      data.path(), spec.model().vocab_size(), int64_t{spec.model().seq_len()} + 1, spec.train().seed());
+  // Opened inside the allowed roots without following a link, whatever
+  // changed since the spec was checked.
+  absl::StatusOr<UniqueFd> fd = OpenConfinedFile(roots, "data.path", data.path());
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<std::unique_ptr<TokenFileSource>> file =
+      TokenFileSource::FromFd(fd->Release(), data.path(), spec.model().vocab_size(),
+                              int64_t{spec.model().seq_len()} + 1, spec.train().seed());
   if (!file.ok()) return file.status();
   return std::unique_ptr<TokenSource>(std::move(*file));
 }
@@ -327,6 +333,12 @@ int RunWorker(const WorkerOptions& options) {
   if (!spec.ok()) return Fail(reporter, spec.status(), kWorkerBadUsage);
   MachineFacts machine;
   machine.host_memory_bytes = HostMemoryTotalBytes();
+  absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(options.allowed_roots);
+  if (!roots.ok()) {
+    return Fail(reporter, absl::InvalidArgumentError(absl::StrCat("--allowed_roots: ", roots.status().message())),
+                kWorkerBadUsage);
+  }
+  machine.allowed_roots = *roots;
   if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
     return Fail(reporter, s, kWorkerBadUsage);
   }
@@ -355,7 +367,7 @@ int RunWorker(const WorkerOptions& options) {
   absl::StatusOr<std::unique_ptr<MemoryDevice>> device =
       MakeMemoryDevice(device_name, spec->memory().device_budget());
   if (!device.ok()) return Fail(reporter, device.status(), kWorkerBadUsage);
-  absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec);
+  absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec, *roots);
   if (!source.ok()) return Fail(reporter, source.status(), kWorkerFailed);
 
   EngineOptions engine;
@@ -393,7 +405,18 @@ int RunWorker(const WorkerOptions& options) {
   if (!checkpoint.dir().empty()) {
     const std::string root = absl::StrCat(checkpoint.dir(), "/rank", options.rank);
     const std::string fingerprint = TrainingFingerprint(*spec);
-    absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+    // Under allowed roots the rank's directory is opened (created) once,
+    // beneath its root without following links, and every checkpoint is
+    // read and written through that descriptor: a link put in its place, or
+    // inside it, later cannot lead the writes outside.
+    std::shared_ptr<UniqueFd> root_fd;
+    if (roots->confined()) {
+      absl::StatusOr<UniqueFd> opened = OpenConfinedDir(*roots, "checkpoint.dir", root, /*create=*/true);
+      if (!opened.ok()) return Fail(reporter, opened.status(), kWorkerFailed);
+      root_fd = std::make_shared<UniqueFd>(*std::move(opened));
+    }
+    absl::StatusOr<LoadedCheckpoint> loaded =
+        root_fd ? LoadLatestCheckpointIn(root_fd->get(), root) : LoadLatestCheckpoint(root);
     if (launched && (loaded.ok() || absl::IsNotFound(loaded.status()))) {
       // Ranks resume from the same step: the newest every rank has (one
       // killed while writing may lack the others' newest).
@@ -418,7 +441,7 @@ int RunWorker(const WorkerOptions& options) {
           loaded = absl::NotFoundError("no checkpoint every rank has");
         } else {
           std::vector<std::string> skipped = std::move(loaded->skipped);
-          loaded = LoadCheckpointAt(root, common);
+          loaded = root_fd ? LoadCheckpointIn(root_fd->get(), root, common) : LoadCheckpointAt(root, common);
           if (!loaded.ok()) {
             return Fail(reporter,
                         absl::FailedPreconditionError(absl::StrCat(
@@ -457,7 +480,9 @@ int RunWorker(const WorkerOptions& options) {
     // write, if that is still running); the files are written in the
     // background while training goes on.
     writer = std::make_unique<AsyncCheckpointWriter>(
-        [root, keep](const CheckpointContents& c) { return WriteCheckpoint(root, c, keep); },
+        [root, keep, root_fd](const CheckpointContents& c) {
+          return root_fd ? WriteCheckpointIn(root_fd->get(), root, c, keep) : WriteCheckpoint(root, c, keep);
+        },
         [root, newest = resume ? resume->step : int64_t{-1}, fail = checkpoint_errors_fail,
          &reporter](const CheckpointWriteResult& r) mutable {
           if (r.status.ok()) {

@@ -19,6 +19,10 @@ struct WorkerOptions {
   int command_fd = 0;
   // "auto", "cpu", "cuda", "cuda:N".
   std::string device = "auto";
+  // Comma-separated directories every path of the spec must stay in (ferryd
+  // passes its --allowed_roots): the data file and checkpoint directories
+  // are opened beneath them without following links. Empty: no confinement.
+  std::string allowed_roots;
 
   // One rank of a job of parallel.tensor x parallel.data ranks, started
   // once per rank by a launcher (torchrun's environment: RANK, WORLD_SIZE,
