@@ -74,6 +74,11 @@ TEST(JobFileTest, ErrorsNameTheFieldAndTheFix) {
 
 TEST(JobFileTest, SizesAreOnlyAcceptedForSizeFields) {
   ExpectError("train: {steps: 10MiB}", "train.steps: expected a whole number");
+  // Numbers no integer holds: refused, not converted (undefined behaviour).
+  ExpectError("model: {layers: 1e300}", "model.layers: expected a whole number in range");
+  ExpectError("model: {layers: .nan}", "model.layers: expected a whole number");
+  ExpectError("train: {steps: -.inf}", "train.steps: must not be negative");
+  ExpectError("train: {seed: 1.5}", "train.seed: expected a whole number");
   absl::StatusOr<JobSpec> spec = ParseJobSpec("memory: {host_budget: 1073741824}", "/x");
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(spec->memory().host_budget(), 1ull << 30);

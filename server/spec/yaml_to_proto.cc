@@ -1,6 +1,7 @@
 #include "server/spec/yaml_to_proto.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -156,8 +157,10 @@ absl::Status ParseInteger(const FieldDescriptor* f, const std::string& text,
   }
   if (!absl::SimpleAtoi(text, out)) {
     double as_double = 0;
-    if (absl::SimpleAtod(text, &as_double) && as_double == static_cast<double>(static_cast<int64_t>(as_double)) &&
-        std::abs(as_double) < 9e15) {
+    // Range first: converting a double outside int64's range (1e300, inf,
+    // nan) to an integer is undefined.
+    if (absl::SimpleAtod(text, &as_double) && std::isfinite(as_double) && std::abs(as_double) < 9e15 &&
+        as_double == std::trunc(as_double)) {
       // Accept 1e3-style whole numbers.
       if (as_double >= static_cast<double>(std::numeric_limits<T>::min()) &&
           as_double <= static_cast<double>(std::numeric_limits<T>::max())) {
