@@ -33,7 +33,9 @@ mkdir -p "$DEMO"
 rm -f "$DEMO/ready.json"
 
 say "Starting ferryd (state in $DEMO/state, log in $DEMO/ferryd.log)"
-"$FERRYD" --state_dir="$DEMO/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+# Job paths must lie in --allowed_roots (by default the state directory and
+# your home directory); the demo's token file is in $DEMO.
+"$FERRYD" --state_dir="$DEMO/state" --allowed_roots="$DEMO" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --ready_file="$DEMO/ready.json" >"$DEMO/ferryd.log" 2>&1 &
 DAEMON=$!
 stop_daemon() { kill -TERM "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null || true; }
