@@ -25,6 +25,10 @@ PACKAGES=(
   # Monitoring tests: Prometheus and promtool; Node.js for type-checking the
   # Grafana dashboard (tests/monitoring).
   prometheus nodejs
+  # Go stubs (//proto:ferry_v1_go) and the Go example client: Go, the protoc
+  # plugins, grpc-go and protobuf-go (APIv2, and the 1.5 APIv1 shim it needs).
+  golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev
+  golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
 )
 # A Node.js from elsewhere (NodeSource's nodejs) brings its own npm.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
