@@ -29,6 +29,7 @@
 #include "server/api/tokens.h"
 #include "server/common/files.h"
 #include "server/common/proto_time.h"
+#include "server/common/sd_notify.h"
 #include "server/common/version.h"
 #include "server/jobs/job_registry.h"
 #include "server/jobs/job_runner.h"
@@ -339,6 +340,10 @@ absl::Status Daemon::Start() {
       return absl::FailedPreconditionError(absl::StrCat("--ready_file: ", s.message()));
     }
   }
+  // Under systemd (Type=notify): serving now.
+  if (absl::Status s = SdNotify(absl::StrCat("READY=1\nSTATUS=serving on ", listen_address_)); !s.ok()) {
+    LOG(WARNING) << s.message();
+  }
   return absl::OkStatus();
 }
 
@@ -365,6 +370,7 @@ void Daemon::Shutdown(const std::string& reason) {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  (void)SdNotify(absl::StrCat("STOPPING=1\nSTATUS=draining: ", reason));
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     server_->GetHealthCheckService()->SetServingStatus(kServiceName, false);

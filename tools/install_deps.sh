@@ -29,6 +29,9 @@ PACKAGES=(
   # plugins, grpc-go and protobuf-go (APIv2, and the 1.5 APIv1 shim it needs).
   golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev
   golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+  # Deployment checks (systemd-analyze verify), and rsvg-convert to render the
+  # memory pictures `ferry memory --svg` draws.
+  systemd librsvg2-bin
 )
 # A Node.js from elsewhere (NodeSource's nodejs) brings its own npm.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
