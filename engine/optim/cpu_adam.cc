@@ -1,6 +1,9 @@
 #include "engine/optim/cpu_adam.h"
 
 #include <ATen/Parallel.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -21,14 +24,21 @@ const char* SimdPathName(SimdPath path) {
   return "unknown";
 }
 
+#if defined(__x86_64__)
+// From CPUID: clang's __builtin_cpu_supports does not know "f16c".
+bool CpuHasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
 bool SimdPathSupported(SimdPath path) {
   switch (path) {
     case SimdPath::kPortable:
       return true;
     case SimdPath::kAvx2:
 #if defined(__x86_64__)
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
 #else
       return false;
 #endif
