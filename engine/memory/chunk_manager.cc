@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -361,7 +362,9 @@ void ChunkManager::Evict(Payload& p) {
   if (!p.resident) return;
   if (p.device_valid && !p.host_valid && Preserve(p)) {
     EnsureHost(p);
+    const auto start = std::chrono::steady_clock::now();
     device_->CopyToHost(p.device, p.host);
+    stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.device_to_host_bytes += p.bytes;
     p.host_valid = true;
   }
@@ -385,7 +388,9 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
   } else if (p.kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) {
     p.device.zero_();
   } else if (p.host_valid) {
+    const auto start = std::chrono::steady_clock::now();
     device_->CopyToDevice(p.host, p.device);
+    stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.host_to_device_bytes += p.bytes;
     if (current_period_ >= 0 && static_cast<size_t>(current_period_) < step_periods_.size()) {
       PeriodMeasure& m = step_periods_[static_cast<size_t>(current_period_)];
@@ -649,7 +654,9 @@ void ChunkManager::CompleteReduce(Chunk& chunk) {
   if (plan_applied_ && chunk.device_homed()) return;
   // The optimizer states are on the host: so go the gradients.
   EnsureHost(g);
+  const auto start = std::chrono::steady_clock::now();
   device_->CopyToHost(g.device, g.host);
+  stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_.device_to_host_bytes += g.bytes;
   g.host_valid = true;
   Release(g);

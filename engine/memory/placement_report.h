@@ -35,6 +35,8 @@ struct StepMemoryStats {
   int host_chunks = 0;
   // Stages that recomputed their activations in this step.
   std::vector<int> recomputed_stages;
+  // Seconds the step spent copying chunks between host and device.
+  double transfer_seconds = 0;
 };
 
 struct PayloadReport {

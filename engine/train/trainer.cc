@@ -28,6 +28,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
 uint64_t TensorBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
 }
@@ -101,11 +105,17 @@ class PlainEngine : public StepEngine {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     optimizer_->zero_grad();
+    const Clock::time_point start = Clock::now();
     torch::Tensor l = model_->Loss(model_->forward(inputs), targets);
+    *loss = l.item<double>();
+    const Clock::time_point forward_end = Clock::now();
     l.backward();
     *grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
+    const Clock::time_point backward_end = Clock::now();
     optimizer_->step();
-    *loss = l.item<double>();
+    times_.forward = Seconds(start, forward_end);
+    times_.backward = Seconds(forward_end, backward_end);
+    times_.optimizer = Seconds(backward_end, Clock::now());
     return absl::OkStatus();
   }
 
@@ -119,6 +129,7 @@ class PlainEngine : public StepEngine {
       const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
       state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
     }
+    report->times = times_;
     const uint64_t model = param_bytes + grad_bytes + state_bytes;
     const uint64_t in_use = device_->allocated_bytes();
     report->device_memory_bytes = in_use;
@@ -138,6 +149,7 @@ class PlainEngine : public StepEngine {
   std::vector<torch::Tensor> params_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   double max_norm_;
+  StepReport::Times times_;
 };
 
 // The model's data in chunks, placed by the memory manager; the forward run
@@ -157,6 +169,7 @@ class ChunkedEngine : public StepEngine {
     GptImpl& gpt = *model_;
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     used_scale_ = scale;
+    const Clock::time_point start = Clock::now();
     manager_->BeginStep(inputs.sizes().vec());
     torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
     for (int64_t i = 0; i < gpt.block_count(); ++i) {
@@ -176,10 +189,12 @@ class ChunkedEngine : public StepEngine {
       groups_.data->AllReduce(sum);
       *loss = sum.item<double>() / groups_.data->size();
     }
+    const Clock::time_point forward_end = Clock::now();
     (scale != 1.0 ? l * scale : l).backward();
     l = torch::Tensor();
     x = torch::Tensor();
     RETURN_IF_ERROR(manager_->FinishBackward());
+    const Clock::time_point backward_end = Clock::now();
     const OptimizerResult result = manager_->OptimizerStep(updates_ + 1, lr, train_.grad_clip, scale);
     *grad_norm = result.grad_norm;
     skipped_ = result.skipped;
@@ -191,11 +206,16 @@ class ChunkedEngine : public StepEngine {
           "the gradients are not finite; lower train.lr, set train.grad_clip, or use fp32 or bf16");
     }
     stats_ = manager_->EndStep();
+    times_.forward = Seconds(start, forward_end);
+    times_.backward = Seconds(forward_end, backward_end);
+    times_.optimizer = Seconds(backward_end, Clock::now());
+    times_.transfers = stats_.transfer_seconds;
     observer_->OnPlacement(manager_->Placement());
     return absl::OkStatus();
   }
 
   void Report(StepReport* report) override {
+    report->times = times_;
     report->memory_stats = stats_;
     report->device_memory_bytes = stats_.peak_device_bytes;
     static const char* kKinds[] = {"param", "grad", "optimizer"};
@@ -325,6 +345,7 @@ class ChunkedEngine : public StepEngine {
   TrainingObserver* observer_;
   std::unique_ptr<ChunkManager> manager_;
   StepMemoryStats stats_;
+  StepReport::Times times_;
   // fp16 only.
   std::unique_ptr<DynamicLossScaler> scaler_;
   // Updates applied (skipped steps do not count), for bias correction.
@@ -456,6 +477,7 @@ absl::Status Trainer::RunSteps() {
       return absl::CancelledError(absl::StrCat("stopped after step ", step));
     }
     const Clock::time_point step_start = Clock::now();
+    Clock::time_point data_end;
     data_->SampleWindows(batch, time + 1, &window_tokens);
     double loss_value = 0, grad_norm = 0;
     const double lr = LearningRate(step, options_);
@@ -466,6 +488,7 @@ absl::Status Trainer::RunSteps() {
       torch::Tensor windows = torch::from_blob(window_tokens.data(), {batch, time + 1}, torch::kLong)
                                   .narrow(0, first, rows)
                                   .to(device->compute_device(), /*non_blocking=*/false, /*copy=*/true);
+      data_end = Clock::now();
       RETURN_IF_ERROR(engine->Step(windows.slice(1, 0, time), windows.slice(1, 1, time + 1), lr,
                                    &loss_value, &grad_norm));
     } catch (const c10::OutOfMemoryError& e) {
@@ -493,6 +516,7 @@ absl::Status Trainer::RunSteps() {
     report.elapsed_seconds = std::chrono::duration<double>(step_end - start).count();
     report.host_memory_bytes = ProcessResidentBytes();
     engine->Report(&report);
+    report.times.data = Seconds(step_start, data_end);
     const uint64_t host_budget = engine_.memory.has_value() ? engine_.memory->host_budget_bytes : 0;
     report.capacity = {{"device", "", device->capacity_bytes()},
                        {"host", "", host_budget > 0 ? host_budget : HostMemoryTotalBytes()}};

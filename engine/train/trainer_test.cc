@@ -223,6 +223,23 @@ TEST(TrainerTest, OffloadedTrainingIsTheSameTrainingBitForBit) {
     EXPECT_EQ(ample->observer.reports[s].memory_stats.host_to_device_bytes, 0u) << "step " << s + 1;
   }
   EXPECT_GT(moved, 0u);
+  // Where the time went: the parts add up to the step; copying chunks is a
+  // part of the tight run's steps and none of the ample run's steady ones.
+  double transfers = 0;
+  for (size_t s = 0; s < 6; ++s) {
+    const StepReport& r = tight->observer.reports[s];
+    const double parts = r.times.data + r.times.forward + r.times.backward + r.times.optimizer;
+    EXPECT_GT(r.times.forward, 0) << "step " << s + 1;
+    EXPECT_GT(r.times.backward, 0) << "step " << s + 1;
+    EXPECT_GT(r.times.optimizer, 0) << "step " << s + 1;
+    EXPECT_NEAR(parts, r.step_seconds, 0.05 * r.step_seconds + 1e-3) << "step " << s + 1;
+    EXPECT_LE(r.times.transfers, r.times.forward + r.times.backward + r.times.optimizer);
+    if (s >= 2) {
+      transfers += r.times.transfers;
+      EXPECT_EQ(ample->observer.reports[s].times.transfers, 0) << "step " << s + 1;
+    }
+  }
+  EXPECT_GT(transfers, 0);
 }
 
 // The seed's claim: a budget where the static (ZeRO-Offload) placement runs

@@ -54,6 +54,13 @@ struct StepReport {
   int64_t skipped_steps = 0;
   // Transformer blocks that recomputed their activations in this step.
   std::vector<int> recomputed_blocks;
+  // Where the step's time went: sampling and moving the batch, the forward
+  // (with the loss), the backward (with gradient reduction), the update.
+  // `transfers` is the part of the last three spent copying chunks between
+  // host and device.
+  struct Times {
+    double data = 0, forward = 0, backward = 0, optimizer = 0, transfers = 0;
+  } times;
 };
 
 enum class LogLevel { kInfo, kWarning, kError };

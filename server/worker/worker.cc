@@ -145,6 +145,12 @@ class Reporter : public TrainingObserver {
     p->set_skipped(r.skipped);
     p->set_skipped_steps(static_cast<uint64_t>(r.skipped_steps));
     for (int block : r.recomputed_blocks) p->add_recomputed_blocks(static_cast<uint32_t>(block));
+    ferry::v1::StepTimes* times = p->mutable_step_times();
+    times->set_data_seconds(r.times.data);
+    times->set_forward_seconds(r.times.forward);
+    times->set_backward_seconds(r.times.backward);
+    times->set_optimizer_seconds(r.times.optimizer);
+    times->set_transfer_seconds(r.times.transfers);
     last_step_ = static_cast<uint64_t>(r.step);
     final_step_ = r.step == r.total_steps;
     Send(report);
