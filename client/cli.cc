@@ -18,9 +18,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/format.h"
+#include "client/memory_svg.h"
 #include "engine/data/byte_tokenizer.h"
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "server/common/enum_names.h"
+#include "server/common/files.h"
 #include "server/spec/job_file.h"
 #include "server/spec/yaml_to_proto.h"
 
@@ -148,6 +150,10 @@ class Cli {
   int Memory(const std::vector<std::string>& args);
   int Data(const std::vector<std::string>& args);
   int Export(const std::vector<std::string>& args);
+  int Top(const std::vector<std::string>& args);
+  int Completion(const std::vector<std::string>& args);
+  // Structured output (-o json or -o yaml) of JSON text.
+  std::string Structured(const std::string& json) const { return options_.yaml ? JsonToYaml(json) : json; }
 
   const CliOptions& options_;
   std::ostream& out_;
@@ -171,6 +177,8 @@ int Cli::Run(const std::vector<std::string>& args) {
   if (command == "memory") return Memory(rest);
   if (command == "data") return Data(rest);
   if (command == "export") return Export(rest);
+  if (command == "top") return Top(rest);
+  if (command == "completion") return Completion(rest);
   if (command == "help") {
     out_ << CliUsage();
     return kExitOk;
@@ -207,7 +215,7 @@ int Cli::Submit(const std::vector<std::string>& args) {
   }
   if (!status.ok()) return Report(status);
   if (options_.json && !options_.wait) {
-    out_ << ToJson(job, true);
+    out_ << Structured(ToJson(job, true));
   } else if (!options_.json) {
     out_ << "submitted " << job.id() << (job.spec().name().empty() ? "" : " (" + job.spec().name() + ")")
          << "\n";
@@ -247,7 +255,7 @@ int Cli::List(const std::vector<std::string>& args) {
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty() && static_cast<int>(jobs.size()) < options_.limit);
   if (options_.json) {
-    out_ << ToJson(all, true);
+    out_ << Structured(ToJson(all, true));
   } else {
     out_ << JobTable(jobs, absl::Now());
   }
@@ -263,7 +271,7 @@ int Cli::Get(const std::vector<std::string>& args) {
   Job job;
   grpc::Status status = Stub().GetJob(&ctx, request, &job);
   if (!status.ok()) return Report(status);
-  out_ << (options_.json ? ToJson(job, true) : JobDetails(job, absl::Now()));
+  out_ << (options_.json ? Structured(ToJson(job, true)) : JobDetails(job, absl::Now()));
   return kExitOk;
 }
 
@@ -303,7 +311,7 @@ int Cli::Watch(const std::string& id, bool quiet_start) {
     JobEvent event;
     while (reader->Read(&event)) {
       failing_since = absl::InfiniteFuture();
-      if (options_.json) out_ << ToJson(event, false);
+      if (options_.json) out_ << (options_.yaml ? "---\n" + JsonToYaml(ToJson(event, false)) : ToJson(event, false));
       if (event.has_snapshot()) {
         const Job& job = event.snapshot();
         state = job.state();
@@ -384,7 +392,7 @@ int Cli::Cancel(const std::vector<std::string>& args) {
   grpc::Status status = Stub().CancelJob(&ctx, request, &job);
   if (!status.ok()) return Report(status);
   if (options_.json) {
-    out_ << ToJson(job, true);
+    out_ << Structured(ToJson(job, true));
   } else if (job.state() == ferry::v1::JOB_STATE_CANCELLED) {
     out_ << job.id() << " cancelled\n";
   } else {
@@ -400,7 +408,7 @@ int Cli::Info(const std::vector<std::string>& args) {
   ferry::v1::DaemonInfo info;
   grpc::Status status = Stub().GetDaemonInfo(&ctx, ferry::v1::GetDaemonInfoRequest(), &info);
   if (!status.ok()) return Report(status);
-  out_ << (options_.json ? ToJson(info, true) : DaemonInfoText(info));
+  out_ << (options_.json ? Structured(ToJson(info, true)) : DaemonInfoText(info));
   return kExitOk;
 }
 
@@ -414,7 +422,18 @@ int Cli::Memory(const std::vector<std::string>& args) {
   ferry::v1::MemoryPlacement placement;
   grpc::Status status = Stub().GetMemoryPlacement(&ctx, request, &placement);
   if (!status.ok()) return Report(status);
-  out_ << (options_.json ? ToJson(placement, true) : MemoryPlacementText(placement));
+  if (!options_.svg_path.empty()) {
+    if (absl::Status s = WriteFileAtomically(options_.svg_path, MemoryPlacementSvg(placement)); !s.ok()) {
+      err_ << "ferry: --svg: " << s.message() << "\n";
+      return kExitUsage;
+    }
+    if (!options_.json) {
+      out_ << "wrote " << options_.svg_path << ": " << placement.trace_size() << " periods of step "
+           << placement.step() << "\n";
+      return kExitOk;
+    }
+  }
+  out_ << (options_.json ? Structured(ToJson(placement, true)) : MemoryPlacementText(placement));
   return kExitOk;
 }
 
@@ -432,12 +451,89 @@ int Cli::Data(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   if (options_.json) {
-    out_ << absl::StrFormat("{\"path\": \"%s\", \"files\": %d, \"tokens\": %d, \"vocab_size\": %d}\n",
-                            options_.out_path, stats->files, stats->tokens, kByteVocabSize);
+    out_ << Structured(absl::StrFormat("{\"path\": \"%s\", \"files\": %d, \"tokens\": %d, \"vocab_size\": %d}\n",
+                            options_.out_path, stats->files, stats->tokens, kByteVocabSize));
   } else {
     out_ << absl::StrFormat("wrote %d tokens from %d files to %s (byte-level, vocab_size %d)\n",
                             stats->tokens, stats->files, options_.out_path, kByteVocabSize);
   }
+  return kExitOk;
+}
+
+int Cli::Top(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("top takes one job id");
+  const std::string& id = args[0];
+  const bool tty = !options_.json && &out_ == &std::cout && isatty(STDOUT_FILENO);
+  for (;;) {
+    Job job;
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      ferry::v1::GetJobRequest request;
+      request.set_job_id(id);
+      grpc::Status status = Stub().GetJob(&ctx, request, &job);
+      if (!status.ok()) return Report(status);
+    }
+    ferry::v1::MemoryPlacement placement;
+    bool have_placement = false;
+    if (job.progress().step() > 0) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      ferry::v1::GetMemoryPlacementRequest request;
+      request.set_job_id(id);
+      request.set_rank(static_cast<uint32_t>(options_.rank));
+      have_placement = Stub().GetMemoryPlacement(&ctx, request, &placement).ok();
+    }
+    const bool ended = IsTerminalState(job.state());
+    if (options_.json) {
+      // One object per refresh: the job and (once known) its placement.
+      out_ << (options_.yaml ? "---\n" + JsonToYaml(ToJson(job, false)) : ToJson(job, false));
+      if (have_placement) out_ << (options_.yaml ? "---\n" + JsonToYaml(ToJson(placement, false)) : ToJson(placement, false));
+    } else {
+      const char* columns = std::getenv("COLUMNS");
+      int width = 100;
+      if (columns != nullptr) width = std::max(40, std::atoi(columns));
+      if (tty) out_ << "\x1b[H\x1b[2J";  // home and clear: a live view
+      out_ << TopFrame(job, have_placement ? &placement : nullptr, width);
+      if (!tty) out_ << "\n";
+    }
+    out_.flush();
+    if (ended || options_.once) return ended && job.state() != ferry::v1::JOB_STATE_SUCCEEDED ? kExitJobFailed : kExitOk;
+    absl::SleepFor(options_.interval);
+  }
+}
+
+int Cli::Completion(const std::vector<std::string>& args) {
+  if (args.size() != 1 || (args[0] != "bash" && args[0] != "zsh")) {
+    return Usage("completion takes a shell: bash or zsh (e.g. source <(ferry completion bash))");
+  }
+  // zsh runs the bash function through bashcompinit.
+  if (args[0] == "zsh") out_ << "autoload -U +X bashcompinit && bashcompinit\n";
+  out_ << R"SH(# ferry shell completion: source <(ferry completion bash)
+_ferry() {
+  local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" w
+  for w in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do
+    case "$w" in -*) ;; *) cmd="$w"; break ;; esac
+  done
+  case "$cur" in
+    -o=*|--o=*) COMPREPLY=($(compgen -P "${cur%%=*}=" -W "text table json yaml" -- "${cur#*=}")); return ;;
+    --state=*) COMPREPLY=($(compgen -P "--state=" -W "pending running succeeded failed cancelled" -- "${cur#*=}")); return ;;
+    -*) COMPREPLY=($(compgen -W "--address= --token= --tls_ca= --tls_cert= --tls_key= -o= --timeout= --wait --set= --request_id= --state= --limit= --rank= --svg= --out= --interval= --once" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
+  esac
+  if [ -z "$cmd" ]; then
+    COMPREPLY=($(compgen -W "submit list get watch cancel info memory top data export completion help" -- "$cur"))
+    return
+  fi
+  case "$cmd" in
+    submit) COMPREPLY=($(compgen -f -X '!*.@(yaml|yml|json)' -- "$cur")); compopt -o plusdirs 2>/dev/null ;;
+    get|watch|cancel|memory|top|export)
+      COMPREPLY=($(compgen -W "$(ferry list --limit=200 2>/dev/null | awk 'NR > 1 {print $1}')" -- "$cur")) ;;
+    data) COMPREPLY=($(compgen -W "prepare" -- "$cur")) ;;
+    completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")) ;;
+  esac
+}
+complete -F _ferry ferry
+)SH";
   return kExitOk;
 }
 
@@ -514,8 +610,8 @@ int Cli::Export(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   if (options_.json) {
-    out_ << absl::StrFormat("{\"job_id\": %s, \"path\": %s, \"step\": %d, \"tensors\": %d, \"bytes\": %d}\n",
-                            JsonQuote(id), JsonQuote(path), first.step(), first.tensors(), written);
+    out_ << Structured(absl::StrFormat("{\"job_id\": %s, \"path\": %s, \"step\": %d, \"tensors\": %d, \"bytes\": %d}\n",
+                                       JsonQuote(id), JsonQuote(path), first.step(), first.tensors(), written));
   } else {
     out_ << absl::StrFormat("exported %d tensors (%s) of %s at step %d to %s\n", first.tensors(),
                             absl::StrFormat("%.1f MiB", double(written) / (1 << 20)), id, first.step(), path);
@@ -531,7 +627,7 @@ int RunCli(const std::vector<std::string>& args, const CliOptions& options, std:
 }
 
 std::string CliUsage() {
-  return R"(usage: ferry [--address=HOST:PORT] [-o json] COMMAND ...
+  return R"(usage: ferry [--address=HOST:PORT] [-o text|table|json|yaml] COMMAND ...
 
   submit FILE [--wait] [--set=FIELD=VALUE,...]   submit a job file; --wait watches it to the end
   list [--state=running,...]                      list jobs
@@ -539,17 +635,21 @@ std::string CliUsage() {
   watch ID                                        follow a job's progress until it ends
   cancel ID                                       cancel a pending or running job
   info                                            show the daemon's version, devices and limits
-  memory ID [--rank=N]                            show where a job's model data lives
+  memory ID [--rank=N] [--svg=FILE]               show where a job's model data lives; --svg
+                                                  draws it, period by period, as a picture
+  top ID [--interval=S] [--once]                  a live view of a running job: progress, memory
+                                                  per tier, bytes moved, where the step's time goes
   data prepare --out=FILE TEXT_FILE...            tokenise text into a token file (byte-level)
   export ID OUT.safetensors                       write a job's latest checkpointed weights as
                                                   safetensors (Hugging Face GPT-2 names, fp32)
+  completion bash|zsh                             print shell completion (source <(ferry completion bash))
 
   --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)
   --token     bearer token for a ferryd with --tokens_file (default $FERRY_TOKEN)
   --tls_ca    PEM CA that signed ferryd's certificate; turns TLS on (default $FERRY_TLS_CA)
   --tls_cert, --tls_key   this client's PEM certificate and key, for a ferryd that
               requires client certificates (default $FERRY_TLS_CERT, $FERRY_TLS_KEY)
-  -o json     print JSON instead of text
+  -o          text (or table, the same), json or yaml: every command's output
   --timeout   seconds to wait for each answer (default 10)
 Exit codes: 0 ok, 1 the job failed or was cancelled, 2 bad usage or a refused request,
 3 ferryd unreachable.

@@ -25,6 +25,13 @@ struct CliOptions {
   std::string address = "127.0.0.1:50051";
   // Print JSON (one object; NDJSON events for watch) instead of text.
   bool json = false;
+  // With json: print YAML instead (a document per event for watch and top).
+  bool yaml = false;
+  // memory: also draw the placement as SVG into this file.
+  std::string svg_path;
+  // top: refresh this often; --once prints one frame and exits.
+  absl::Duration interval = absl::Seconds(1);
+  bool once = false;
   // submit: watch the job until it ends.
   bool wait = false;
   // submit: FIELD=VALUE assignments applied over the job file.

@@ -16,7 +16,7 @@
 #include "server/common/version.h"
 
 ABSL_FLAG(std::string, address, "", "ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051).");
-ABSL_FLAG(std::string, o, "text", "Output: text or json.");
+ABSL_FLAG(std::string, o, "text", "Output: text (or table), json or yaml.");
 ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends; exit 0 only if it succeeded.");
 ABSL_FLAG(std::vector<std::string>, set, {}, "submit: FIELD=VALUE overrides of the job file.");
 ABSL_FLAG(std::string, request_id, "", "submit: idempotency key (default: a fresh one).");
@@ -24,7 +24,10 @@ ABSL_FLAG(double, timeout, 10, "Seconds to wait for each answer.");
 ABSL_FLAG(std::vector<std::string>, state, {}, "list: only jobs in these states.");
 ABSL_FLAG(int, limit, 1000, "list: at most this many jobs.");
 ABSL_FLAG(std::string, out, "", "data prepare: the token file to write.");
-ABSL_FLAG(int, rank, 0, "memory: which rank of a parallel job.");
+ABSL_FLAG(int, rank, 0, "memory, top: which rank of a parallel job.");
+ABSL_FLAG(std::string, svg, "", "memory: also draw the placement, period by period, into this SVG file.");
+ABSL_FLAG(double, interval, 1, "top: seconds between refreshes.");
+ABSL_FLAG(bool, once, false, "top: print one frame and exit.");
 ABSL_FLAG(std::string, token, "",
           "Bearer token for a ferryd with --tokens_file (default $FERRY_TOKEN; the environment keeps "
           "it out of the process list).");
@@ -71,11 +74,19 @@ int main(int argc, char** argv) {
     options.address = env != nullptr && *env ? env : "127.0.0.1:50051";
   }
   const std::string output = absl::GetFlag(FLAGS_o);
-  if (output != "text" && output != "json") {
-    std::cerr << "ferry: -o " << output << ": use text or json\n";
+  if (output != "text" && output != "table" && output != "json" && output != "yaml") {
+    std::cerr << "ferry: -o " << output << ": use text, table, json or yaml\n";
     return ferry::kExitUsage;
   }
-  options.json = output == "json";
+  options.json = output == "json" || output == "yaml";
+  options.yaml = output == "yaml";
+  options.svg_path = absl::GetFlag(FLAGS_svg);
+  options.once = absl::GetFlag(FLAGS_once);
+  if (!(absl::GetFlag(FLAGS_interval) >= 0.1)) {
+    std::cerr << "ferry: --interval must be at least 0.1 seconds\n";
+    return ferry::kExitUsage;
+  }
+  options.interval = absl::Seconds(absl::GetFlag(FLAGS_interval));
   options.wait = absl::GetFlag(FLAGS_wait);
   options.overrides = absl::GetFlag(FLAGS_set);
   options.request_id = absl::GetFlag(FLAGS_request_id);

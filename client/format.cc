@@ -1,10 +1,17 @@
 #include "client/format.h"
 
-#include <cmath>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/common/enum_names.h"
 #include "server/common/proto_time.h"
@@ -230,6 +237,110 @@ std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& m) {
                           std::string(static_cast<size_t>(30.0 * double(t.non_model_bytes()) / double(largest) + 0.5), '#'));
   }
   return out;
+}
+
+namespace {
+
+void BlockStyle(YAML::Node node) {
+  if (node.IsMap() || node.IsSequence()) {
+    node.SetStyle(YAML::EmitterStyle::Block);
+    for (auto it = node.begin(); it != node.end(); ++it) BlockStyle(node.IsMap() ? it->second : *it);
+  }
+}
+
+// A bar of `width` cells: `parts` filled in turn with their characters, the
+// rest with '.'; each part's cells rounded, never past the end.
+std::string Bar(const std::vector<std::pair<double, char>>& parts, double whole, int width) {
+  std::string bar;
+  double done = 0;
+  for (const auto& [amount, c] : parts) {
+    done += amount;
+    const int upto = whole > 0 ? static_cast<int>(std::min(1.0, done / whole) * width + 0.5) : 0;
+    while (static_cast<int>(bar.size()) < upto) bar += c;
+  }
+  bar.resize(static_cast<size_t>(width), '.');
+  return "[" + bar + "]";
+}
+
+std::string Percent(double part, double whole) {
+  return whole > 0 ? absl::StrFormat("%.0f%%", 100.0 * part / whole) : "-";
+}
+
+}  // namespace
+
+std::string JsonToYaml(const std::string& json) {
+  try {
+    YAML::Node node = YAML::Load(json);
+    BlockStyle(node);
+    YAML::Emitter out;
+    out << node;
+    return std::string(out.c_str()) + "\n";
+  } catch (const std::exception&) {
+    return json;
+  }
+}
+
+std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width) {
+  const ferry::v1::Progress& p = job.progress();
+  const int bar = std::max(10, std::min(60, width - 50));
+  std::string out = absl::StrFormat("%s%s  %s", job.id(), job.spec().name().empty() ? "" : " (" + job.spec().name() + ")",
+                                    absl::AsciiStrToUpper(ShortState(job.state())));
+  if (p.total_steps() > 0) {
+    absl::StrAppendFormat(&out, "  step %d/%d (%s)", p.step(), p.total_steps(),
+                          Percent(static_cast<double>(p.step()), static_cast<double>(p.total_steps())));
+    if (p.step() > 0 && p.step() < p.total_steps() && p.elapsed_seconds() > 0) {
+      const double eta = p.elapsed_seconds() / static_cast<double>(p.step()) * static_cast<double>(p.total_steps() - p.step());
+      absl::StrAppend(&out, "  ETA ", absl::FormatDuration(absl::Seconds(static_cast<int64_t>(eta))));
+    }
+  }
+  out += "\n";
+  if (p.step() == 0) return out + "waiting for the first step\n";
+  absl::StrAppendFormat(&out, "loss %.4f%s  lr %.3g  grad norm %.3g  %.0f tok/s  %.3f s/step\n", p.loss(),
+                        job.has_initial_loss() ? absl::StrFormat(" (first %.4f)", job.initial_loss()) : "", p.lr(),
+                        p.grad_norm(), p.tokens_per_second(), p.step_seconds());
+
+  // Memory per tier.
+  uint64_t device_capacity = 0, host_capacity = 0;
+  for (const ferry::v1::MemoryUsage& c : p.capacity()) (c.tier() == "device" ? device_capacity : host_capacity) = c.bytes();
+  uint64_t device_model = 0, device_other = 0, host_model = 0;
+  for (const ferry::v1::MemoryUsage& u : p.memory()) {
+    if (u.tier() == "device") (u.kind() == "activation" ? device_other : device_model) += u.bytes();
+    if (u.tier() == "host") host_model += u.bytes();
+  }
+  out += "memory  (# model data, + activations and workspace at the step's peak)\n";
+  absl::StrAppendFormat(&out, "  device %s  %s model + %s of %s", Bar({{double(device_model), '#'}, {double(device_other), '+'}},
+                                                                    double(device_capacity), bar),
+                        FormatSize(device_model), FormatSize(device_other), FormatSize(device_capacity));
+  if (placement != nullptr && placement->device_limit_bytes() > 0) {
+    absl::StrAppend(&out, " (plan fills ", FormatSize(placement->device_limit_bytes()), ")");
+  }
+  absl::StrAppendFormat(&out, "\n  host   %s  %s model of %s\n", Bar({{double(host_model), '#'}}, double(host_capacity), bar),
+                        FormatSize(host_model), FormatSize(host_capacity));
+
+  // Moves.
+  absl::StrAppendFormat(&out, "moved   host->device %s, device->host %s this step; %d evictions, prefetch %d hit / %d missed\n",
+                        FormatSize(p.bytes_host_to_device()), FormatSize(p.bytes_device_to_host()), p.evictions(),
+                        p.prefetch_hits(), p.prefetch_misses());
+
+  // Where the time went.
+  const ferry::v1::StepTimes& t = p.step_times();
+  const double total = t.data_seconds() + t.forward_seconds() + t.backward_seconds() + t.optimizer_seconds();
+  if (total > 0) {
+    absl::StrAppendFormat(&out, "time    %s  data %s, forward %s, backward %s, optimizer %s; copying chunks %s\n",
+                          Bar({{t.data_seconds(), 'd'}, {t.forward_seconds(), 'f'}, {t.backward_seconds(), 'b'},
+                               {t.optimizer_seconds(), 'o'}},
+                              total, bar),
+                          Percent(t.data_seconds(), total), Percent(t.forward_seconds(), total),
+                          Percent(t.backward_seconds(), total), Percent(t.optimizer_seconds(), total),
+                          Percent(t.transfer_seconds(), total));
+  }
+  std::string extra = absl::StrCat("phase ", p.memory_phase().empty() ? "-" : p.memory_phase());
+  if (p.memory_phase() == "steady") absl::StrAppendFormat(&extra, ", prediction error %.1f%%", 100 * p.prediction_error());
+  if (p.recomputed_blocks_size() > 0) {
+    absl::StrAppend(&extra, ", recomputing ", p.recomputed_blocks_size(), " of ", job.spec().model().layers(), " blocks");
+  }
+  if (p.loss_scale() != 0 && p.loss_scale() != 1) absl::StrAppendFormat(&extra, ", loss scale %g (%d skipped)", p.loss_scale(), p.skipped_steps());
+  return out + "        " + extra + "\n";
 }
 
 std::string ToJson(const google::protobuf::Message& message, bool multiline) {

@@ -38,4 +38,13 @@ std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& placement);
 // JSON with the .proto field names and every field shown.
 std::string ToJson(const google::protobuf::Message& message, bool multiline);
 
+// The same data as YAML (block style), from JSON text; the JSON unchanged if
+// it does not parse.
+std::string JsonToYaml(const std::string& json);
+
+// One frame of `ferry top`: progress, memory per tier as bars, bytes moved,
+// where the step's time went. `placement` may be null (before the first
+// step). `width` is the terminal's.
+std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width);
+
 }  // namespace ferry

@@ -88,5 +88,64 @@ TEST(FormatTest, JsonUsesProtoFieldNames) {
   EXPECT_NE(json.find("\"cancel_requested\":false"), std::string::npos) << json;
 }
 
+TEST(FormatTest, YamlCarriesTheSameFields) {
+  ferry::v1::Job job;
+  job.set_id("j-1");
+  job.mutable_spec()->set_name("tiny: a \"quoted\" name");
+  job.mutable_progress()->set_step(3);
+  const std::string yaml = JsonToYaml(ToJson(job, true));
+  EXPECT_NE(yaml.find("id: j-1\n"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("  step: "), std::string::npos) << "block style, nested: " << yaml;
+  EXPECT_EQ(yaml.find("{"), std::string::npos) << "no flow style: " << yaml;
+  EXPECT_NE(yaml.find("tiny: a \\\"quoted\\\" name"), std::string::npos) << "quoted where needed: " << yaml;
+  EXPECT_EQ(JsonToYaml("{\"a\": [1,"), "{\"a\": [1,") << "unparseable: returned as it was";
+}
+
+TEST(FormatTest, TopFrameShowsProgressMemoryMovesAndTime) {
+  ferry::v1::Job job;
+  job.set_id("j-1");
+  job.set_state(ferry::v1::JOB_STATE_RUNNING);
+  job.set_initial_loss(5.5);
+  ferry::v1::Progress* p = job.mutable_progress();
+  EXPECT_NE(TopFrame(job, nullptr, 100).find("waiting for the first step"), std::string::npos);
+  p->set_step(50);
+  p->set_total_steps(200);
+  p->set_loss(2.25);
+  p->set_elapsed_seconds(10);
+  p->set_step_seconds(0.2);
+  p->set_tokens_per_second(5000);
+  p->set_bytes_host_to_device(3 << 20);
+  p->set_evictions(4);
+  auto usage = [](google::protobuf::RepeatedPtrField<ferry::v1::MemoryUsage>* f, const char* tier, const char* kind,
+                  uint64_t bytes) {
+    ferry::v1::MemoryUsage* u = f->Add();
+    u->set_tier(tier);
+    u->set_kind(kind);
+    u->set_bytes(bytes);
+  };
+  usage(p->mutable_memory(), "device", "param", 25 << 20);
+  usage(p->mutable_memory(), "device", "activation", 25 << 20);
+  usage(p->mutable_memory(), "host", "optimizer", 10 << 20);
+  usage(p->mutable_capacity(), "device", "", 100 << 20);
+  usage(p->mutable_capacity(), "host", "", 1000 << 20);
+  ferry::v1::StepTimes* t = p->mutable_step_times();
+  t->set_data_seconds(0.02);
+  t->set_forward_seconds(0.06);
+  t->set_backward_seconds(0.1);
+  t->set_optimizer_seconds(0.02);
+  t->set_transfer_seconds(0.05);
+  const std::string frame = TopFrame(job, nullptr, 80);  // bars of 30 cells
+  EXPECT_NE(frame.find("j-1  RUNNING  step 50/200 (25%)  ETA 30s"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("loss 2.2500 (first 5.5000)"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("device [########+++++++...............]  25 MiB model + 25 MiB of 100 MiB"), std::string::npos)
+      << frame;
+  EXPECT_NE(frame.find("host->device 3 MiB"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("4 evictions"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("[dddfffffffffbbbbbbbbbbbbbbbooo]  data 10%, forward 30%, backward 50%, optimizer 10%; "
+                       "copying chunks 25%"),
+            std::string::npos)
+      << frame;
+}
+
 }  // namespace
 }  // namespace ferry

@@ -100,6 +100,47 @@ grep -q "chunk map" "$WORK/memory.txt" || fail "ferry memory shows no chunk map"
 grep -q "backward h.1" "$WORK/memory.txt" || fail "ferry memory shows no warm-up trace"
 [ "$("$FERRY" memory "$ID" -o json | json "len(d['chunks']) > 0 and d['phase']")" = "steady" ] || fail "ferry memory -o json"
 
+# The picture: ferry memory --svg, rendered to PNG, holds a bar per period.
+"$FERRY" memory "$ID" --svg="$WORK/memory.svg" | grep -q "^wrote $WORK/memory.svg: " || fail "ferry memory --svg"
+rsvg-convert "$WORK/memory.svg" -o "$WORK/memory.png" || fail "the memory picture does not render"
+"$PY" - "$WORK/memory.svg" "$WORK/memory.png" "$("$FERRY" memory "$ID" -o json | json "len(d['trace'])")" <<'PYEOF' \
+  || fail "the memory picture lacks its series"
+import struct, sys
+import xml.etree.ElementTree as ET
+svg, png, periods = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ns = {"s": "http://www.w3.org/2000/svg"}
+root = ET.parse(svg).getroot()
+groups = {g.get("id"): g for g in root.iter("{http://www.w3.org/2000/svg}g")}
+for series in ("model", "non-model"):
+    assert len(groups[series].findall("s:rect", ns)) == periods, (series, periods)
+warmup = [e for e in root.iter("{http://www.w3.org/2000/svg}polyline") if e.get("id") == "warmup"][0]
+assert len(warmup.get("points").split()) == periods
+lines = {e.get("id") for e in root.iter("{http://www.w3.org/2000/svg}line")}
+assert {"capacity", "limit"} <= lines, lines
+width, height = struct.unpack(">II", open(png, "rb").read()[16:24])
+assert width > 300 and height > 300, (width, height)
+print(f"memory picture: {periods} periods, rendered {width}x{height}")
+PYEOF
+# Every command speaks YAML and tables too; ferry top shows the job at a glance.
+"$FERRY" get "$ID" -o yaml | "$PY" -c "import sys, yaml; d = yaml.safe_load(sys.stdin); assert d['id'] == sys.argv[1] and str(d['progress']['step']) == '80', d" "$ID" \
+  || fail "ferry get -o yaml"
+"$FERRY" list -o table | head -1 | grep -q "^ID" || fail "ferry list -o table"
+"$FERRY" info -o yaml | grep -q "^version: " || fail "ferry info -o yaml"
+expect_refusal 2 "use text, table, json or yaml" -- get "$ID" -o xml
+"$FERRY" top "$ID" --once >"$WORK/top.txt" || fail "ferry top --once"
+for part in "$ID" "SUCCEEDED  step 80/80" "device [" "host   [" "moved   host->device" "time    [" "copying chunks"; do
+  grep -qF -- "$part" "$WORK/top.txt" || fail "ferry top lacks '$part': $(cat "$WORK/top.txt")"
+done
+[ "$("$FERRY" top "$ID" --once -o json | head -1 | json "d['id']")" = "$ID" ] || fail "ferry top -o json"
+# Shell completion: commands, then job ids from the daemon.
+COMPLETION="$("$FERRY" completion bash)"
+COMPLETED="$(PATH="$(dirname "$FERRY"):$PATH" bash -c "$COMPLETION"'
+  COMP_WORDS=(ferry to); COMP_CWORD=1; _ferry; echo "${COMPREPLY[*]}"
+  COMP_WORDS=(ferry get "'"${ID:0:4}"'"); COMP_CWORD=2; _ferry; echo "${COMPREPLY[*]}"')"
+grep -qx "top" <<<"$(head -1 <<<"$COMPLETED")" || fail "completion of 'to': $COMPLETED"
+grep -qw -- "$ID" <<<"$(tail -1 <<<"$COMPLETED")" || fail "completion of job ids: $COMPLETED"
+"$FERRY" completion zsh | grep -q "bashcompinit" || fail "no zsh completion"
+
 # Mixed precision through the daemon: fp16 with dynamic loss scaling.
 HALF="$("$FERRY" submit "$EXAMPLE" --set=train.steps=30,train.precision=fp16 -o json | json "d['id']")"
 "$FERRY" watch "$HALF" >"$WORK/half.txt" 2>&1 || fail "the fp16 job failed: $(tail -3 "$WORK/half.txt")"
