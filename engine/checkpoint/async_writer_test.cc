@@ -121,7 +121,8 @@ TEST(AsyncCheckpointWriterTest, SubmitReturnsAtOnceAndTheNextWaitsForThePrevious
   EXPECT_GE(r[0].total_seconds, 0.2);
   EXPECT_LT(r[0].blocked_seconds, 0.1) << "the first write blocked nobody";
   EXPECT_EQ(r[1].step, 2);
-  EXPECT_GE(r[1].blocked_seconds, 0.2) << "waiting for the previous write is blocking time";
+  // The second Submit starts a little after the 200 ms sleep does.
+  EXPECT_GE(r[1].blocked_seconds, 0.1) << "waiting for the previous write is blocking time";
 }
 
 TEST(AsyncCheckpointWriterTest, AFailedWriteIsReportedOnceAndLaterWritesGoOn) {
