@@ -35,9 +35,9 @@ TEST(MemorySvgTest, DrawsEveryPeriodTheLinesAndTheMoves) {
   for (int i = 0; i < 5; ++i) {
     ferry::v1::PeriodTrace* t = p.add_trace();
     t->set_name(names[i]);
-    t->set_non_model_bytes(uint64_t{10 + i} << 20);
-    t->set_warmup_non_model_bytes(uint64_t{12 + i} << 20);
-    t->set_step_non_model_bytes(uint64_t{9 + i} << 20);
+    t->set_non_model_bytes(static_cast<uint64_t>(10 + i) << 20);
+    t->set_warmup_non_model_bytes(static_cast<uint64_t>(12 + i) << 20);
+    t->set_step_non_model_bytes(static_cast<uint64_t>(9 + i) << 20);
     t->set_step_device_model_bytes(uint64_t{30} << 20);
     if (i == 1) t->set_evictions(2);
     if (i == 2) t->set_fetches(1);
