@@ -187,6 +187,9 @@ absl::Status Daemon::Start() {
   registry_options.max_watchers_per_job = options_.max_watchers_per_job;
   registry_options.max_finished_jobs = options_.max_finished_jobs;
   registry_options.max_interrupted_runs = options_.max_interrupted_runs;
+  if (options_.progress_events_per_second > 0) {
+    registry_options.progress_event_interval = absl::Seconds(1.0 / options_.progress_events_per_second);
+  }
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options_.state_dir + "/jobs.db");
   if (!store.ok()) return absl::FailedPreconditionError(absl::StrCat("--state_dir: ", store.status().message()));
   store_ = std::move(*store);

@@ -48,6 +48,9 @@ struct DaemonOptions {
   size_t event_buffer_events = 4096;
   size_t max_watchers_per_job = 256;
   size_t max_finished_jobs = 10000;
+  // Progress events per second per job for watchers (0: one per step).
+  // Default 5.
+  double progress_events_per_second = 5;
   // A job found running at start resumes at most this many times. Default 3.
   uint32_t max_interrupted_runs = 3;
   // Largest request accepted. Default 4 MiB.

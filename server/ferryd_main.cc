@@ -35,6 +35,10 @@ ABSL_FLAG(int, event_buffer_events, 4096, "Events kept per job for watchers that
 ABSL_FLAG(int, max_watchers_per_job, 256, "Concurrent WatchJob streams per job.");
 ABSL_FLAG(int, max_finished_jobs, 10000,
           "Ended jobs remembered; the oldest beyond this are forgotten.");
+ABSL_FLAG(double, progress_events_per_second, 5,
+          "Progress events per second per job sent to watchers (the newest progress in between follows, "
+          "and the last step's always precedes the job's end); 0 sends one per step. Bounds what many "
+          "watchers of a fast job cost the daemon.");
 ABSL_FLAG(int, max_interrupted_runs, 3,
           "A job found running when the daemon starts (it stopped without draining: a crash, a kill, a "
           "power cut) resumes from its newest checkpoint at most this many times, then fails.");
@@ -127,6 +131,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_interrupted_runs = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_interrupted_runs));
+  if (!(absl::GetFlag(FLAGS_progress_events_per_second) >= 0)) {
+    std::fprintf(stderr, "ferryd: --progress_events_per_second must be 0 (every step) or more\n");
+    return 2;
+  }
+  options.progress_events_per_second = absl::GetFlag(FLAGS_progress_events_per_second);
   if (!(absl::GetFlag(FLAGS_heartbeat_seconds) > 0) || !(absl::GetFlag(FLAGS_stop_grace_seconds) >= 0)) {
     std::fprintf(stderr, "ferryd: --heartbeat_seconds must be positive, --stop_grace_seconds not negative\n");
     return 2;

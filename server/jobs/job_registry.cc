@@ -71,7 +71,17 @@ absl::Status JobRegistry::NotFound(const std::string& id) const {
       absl::StrCat("job_id: no job '", id, "' on this daemon; `ferry list` shows the jobs"));
 }
 
+void JobRegistry::FlushProgressEvent(Record& record) {
+  if (!record.progress_event_pending) return;
+  JobEvent event;
+  *event.mutable_progress() = record.job.progress();
+  record.events->Append(std::move(event));
+  record.progress_event_pending = false;
+}
+
 void JobRegistry::SetState(Record& record, JobState to, const std::string& reason) {
+  // Watchers get the last step's progress before the change.
+  FlushProgressEvent(record);
   const JobState from = record.job.state();
   record.job.set_state(to);
   const absl::Time now = absl::Now();
@@ -319,10 +329,16 @@ void JobRegistry::RecordProgress(const std::string& id, const ferry::v1::Progres
   const uint64_t previous_tokens = record->job.progress().tokens();
   *record->job.mutable_progress() = progress;
   if (!record->job.has_initial_loss()) record->job.set_initial_loss(progress.loss());
-  JobEvent event;
-  *event.mutable_progress() = progress;
-  record->events->Append(std::move(event));
   const absl::Time now = absl::Now();
+  if (now - record->progress_event_time >= options_.progress_event_interval) {
+    JobEvent event;
+    *event.mutable_progress() = progress;
+    record->events->Append(std::move(event));
+    record->progress_event_time = now;
+    record->progress_event_pending = false;
+  } else {
+    record->progress_event_pending = true;
+  }
   if (now - record->progress_written >= options_.progress_write_interval) {
     record->progress_written = now;
     (void)Write(*record);

@@ -62,6 +62,11 @@ struct JobRegistryOptions {
   // Progress is written to the store at most this often per job (state
   // changes, runs and checkpoints at once). Default 2 s.
   absl::Duration progress_write_interval = absl::Seconds(2);
+  // A job's progress becomes a watch event at most this often; the newest
+  // progress in between is sent when the interval has passed, and always
+  // before the job's next state change (Job.progress, metrics and the
+  // listener see every step regardless). Zero: an event per step. Default 0.
+  absl::Duration progress_event_interval = absl::ZeroDuration();
 };
 
 // A job handed to the runner.
@@ -196,6 +201,8 @@ class JobRegistry {
     size_t watchers = 0;
     std::map<uint32_t, ferry::v1::MemoryPlacement> placements;  // by rank
     bool cancelled_by_user = false;
+    absl::Time progress_event_time = absl::InfinitePast();
+    bool progress_event_pending = false;  // job.progress is newer than the last progress event
     uint32_t failed_runs = 0;
     absl::Time progress_written;
   };
@@ -209,6 +216,8 @@ class JobRegistry {
   // Forgets the oldest ended jobs beyond options_.max_finished_jobs.
   void ForgetOldFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWatcher(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends job.progress as an event if one is held back.
+  void FlushProgressEvent(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the record to the store (if any); errors are logged, not
   // returned, except where the caller must refuse (Submit).
   absl::Status Write(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -282,6 +282,32 @@ TEST(JobRunnerTest, RunsJobsOneAtATimeToTheirEnd) {
   EXPECT_EQ(executor.runs, 2);
 }
 
+// Progress events are paced; the newest one held back goes out before the
+// job's end, and the job's own progress is every step's.
+TEST(JobRegistryTest, ProgressEventsArePacedAndTheLastOneIsNeverLost) {
+  JobRegistryOptions options;
+  options.progress_event_interval = absl::Hours(1);
+  JobRegistry registry(options, nullptr);
+  const std::string id = registry.Submit(Spec("a"), Spec("a"), "")->id();
+  registry.TakeNext(absl::ZeroDuration());
+  for (uint64_t step = 1; step <= 5; ++step) {
+    ferry::v1::Progress p;
+    p.set_step(step);
+    registry.RecordProgress(id, p);
+    EXPECT_EQ(registry.Get(id)->progress().step(), step);
+  }
+  registry.Finish(id, ferry::v1::JOB_STATE_SUCCEEDED, "");
+  std::vector<ferry::v1::JobEvent> events;
+  ASSERT_TRUE(registry.StartWatch(id, 0).value()->events().ReadAfter(0, 100, &events).ok());
+  std::vector<uint64_t> steps;
+  for (const auto& e : events) {
+    if (e.has_progress()) steps.push_back(e.progress().step());
+  }
+  EXPECT_EQ(steps, (std::vector<uint64_t>{1, 5})) << "the first at once, the last before the end";
+  ASSERT_TRUE(events.back().has_state_change());
+  EXPECT_TRUE(events[events.size() - 2].has_progress());
+}
+
 TEST(JobRunnerTest, AFailedRunIsRestartedUpToMaxRestarts) {
   JobRegistry registry({}, nullptr);
   FakeExecutor executor;

@@ -1,6 +1,6 @@
-// A load generator for ferryd: measures a training job's throughput alone,
-// then again while many watchers follow it and a steady stream of submits,
-// gets, lists and cancels goes on beside it. Checks that nothing crashes,
+// A load generator for ferryd: measures a training job's throughput in
+// alternating windows, alone and while many watchers follow it and a steady
+// stream of submits, gets, lists and cancels goes on beside it. Checks that nothing crashes,
 // that every watcher sees every event of the job in order to its end, that
 // throughput holds, and that the daemon's memory stays bounded. Prints a
 // table and writes JSON; exits 1 when a check fails.
@@ -121,26 +121,12 @@ bool IsEnded(ferry::v1::JobState s) {
          s == ferry::v1::JOB_STATE_CANCELLED;
 }
 
-void WaitForEnd(Ferry::Stub& stub, const std::string& id) {
-  for (int i = 0; i < 600 && !IsEnded(Get(stub, id).state()); ++i) absl::SleepFor(absl::Milliseconds(100));
-}
 
 struct Throughput {
   double tokens_per_second = 0;
   uint64_t steps = 0;
 };
 
-// Tokens per second of training over a window, from the job's own counters.
-Throughput Measure(Ferry::Stub& stub, const std::string& id, absl::Duration window) {
-  Job start = WaitForSteps(stub, id, 5);  // past the warm-up
-  absl::SleepFor(window);
-  Job end = Get(stub, id);
-  Throughput t;
-  const double seconds = end.progress().elapsed_seconds() - start.progress().elapsed_seconds();
-  t.steps = end.progress().step() - start.progress().step();
-  if (seconds > 0) t.tokens_per_second = static_cast<double>(end.progress().tokens() - start.progress().tokens()) / seconds;
-  return t;
-}
 
 struct WatcherResult {
   uint64_t events = 0;
@@ -150,9 +136,12 @@ struct WatcherResult {
   grpc::Status status;
 };
 
-void Watch(std::shared_ptr<grpc::Channel> channel, const std::string& id, WatcherResult* out) {
+// Follows the job until it ends, or until `ctx` is cancelled (the end of a
+// watched window before the last).
+void Watch(std::shared_ptr<grpc::Channel> channel, const std::string& id, grpc::ClientContext* context,
+           WatcherResult* out) {
   std::unique_ptr<Ferry::Stub> stub = Ferry::NewStub(channel);
-  grpc::ClientContext ctx;
+  grpc::ClientContext& ctx = *context;
   ferry::v1::WatchJobRequest request;
   request.set_job_id(id);
   std::unique_ptr<grpc::ClientReader<JobEvent>> reader = stub->WatchJob(&ctx, request);
@@ -197,81 +186,121 @@ int main(int argc, char** argv) {
   std::unique_ptr<Ferry::Stub> stub = Ferry::NewStub(channels[0]);
   std::atomic<int> errors{0};
 
-  // 1. Alone.
-  std::fprintf(stderr, "measuring an unwatched job for %.0f s\n", absl::ToDoubleSeconds(window));
-  const std::string alone = Submit(*stub, TrainingSpec("alone"), &errors);
-  if (alone.empty()) return 1;
-  const Throughput base = Measure(*stub, alone, window);
-  Cancel(*stub, alone, &errors);
-  WaitForEnd(*stub, alone);
-
-  // 2. Under load.
-  std::fprintf(stderr, "measuring it again with %d watchers and %.0f ops/s for %.0f s\n", watchers,
-               absl::GetFlag(FLAGS_ops_per_second), absl::ToDoubleSeconds(window));
-  const std::string loaded = Submit(*stub, TrainingSpec("loaded"), &errors);
-  if (loaded.empty()) return 1;
-  WaitForSteps(*stub, loaded, 1);
+  // One job, measured in alternating windows: unwatched, then watched with
+  // the traffic beside it, twice. The same process in the same run on both
+  // sides, so the ratio is the watchers' and callers' cost, not the
+  // difference between two runs.
+  const std::string id = Submit(*stub, TrainingSpec("measured"), &errors);
+  if (id.empty()) return 1;
+  WaitForSteps(*stub, id, 5);  // past the warm-up
+  const absl::Duration half = window / 2;
   const uint64_t rss_before = DaemonRssBytes(pid);
-  std::vector<WatcherResult> results(static_cast<size_t>(watchers));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < watchers; ++i) {
-    threads.emplace_back(Watch, channels[static_cast<size_t>(i) % channels.size()], loaded, &results[i]);
-  }
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> ops{0};
-  std::thread traffic([&] {
-    const absl::Duration every = absl::Seconds(1.0 / std::max(0.1, absl::GetFlag(FLAGS_ops_per_second)));
-    ferry::v1::JobSpec queued = TrainingSpec("queued");
-    queued.mutable_train()->set_steps(10);
-    for (uint64_t n = 0; !stop.load(); ++n) {
-      const absl::Time next = absl::Now() + every;
-      switch (n % 4) {
-        case 0: {  // queued behind the running job, then cancelled
-          const std::string id = Submit(*stub, queued, &errors);
-          if (!id.empty()) Cancel(*stub, id, &errors);
-          break;
-        }
-        case 1: {
-          grpc::ClientContext ctx;
-          ferry::v1::GetJobRequest r;
-          r.set_job_id(loaded);
-          Job job;
-          Ok(stub->GetJob(&ctx, r, &job), "GetJob", &errors);
-          break;
-        }
-        case 2: {
-          grpc::ClientContext ctx;
-          ferry::v1::ListJobsRequest r;
-          r.set_page_size(50);
-          ferry::v1::ListJobsResponse page;
-          Ok(stub->ListJobs(&ctx, r, &page), "ListJobs", &errors);
-          break;
-        }
-        default: {
-          grpc::ClientContext ctx;
-          ferry::v1::GetDaemonInfoRequest r;
-          ferry::v1::DaemonInfo info;
-          Ok(stub->GetDaemonInfo(&ctx, r, &info), "GetDaemonInfo", &errors);
-        }
-      }
-      ++ops;
-      if (next > absl::Now()) absl::SleepFor(next - absl::Now());
-    }
-  });
   uint64_t rss_max = rss_before;
-  std::thread sampler([&] {
-    while (!stop.load()) {
-      rss_max = std::max(rss_max, DaemonRssBytes(pid));
-      absl::SleepFor(absl::Milliseconds(500));
+  double base_tokens = 0, base_seconds = 0, watched_tokens = 0, watched_seconds = 0;
+  uint64_t base_steps = 0, watched_steps = 0;
+  std::vector<WatcherResult> results(static_cast<size_t>(watchers));
+  std::atomic<uint64_t> ops{0};
+  const int rounds = 2;
+  for (int round = 0; round < rounds; ++round) {
+    const bool last_round = round + 1 == rounds;
+    std::fprintf(stderr, "round %d: %.0f s unwatched, then %.0f s with %d watchers and %.0f calls/s\n", round + 1,
+                 absl::ToDoubleSeconds(half), absl::ToDoubleSeconds(half), watchers,
+                 absl::GetFlag(FLAGS_ops_per_second));
+    Job a = Get(*stub, id);
+    absl::SleepFor(half);
+    Job b = Get(*stub, id);
+    base_tokens += static_cast<double>(b.progress().tokens() - a.progress().tokens());
+    base_seconds += b.progress().elapsed_seconds() - a.progress().elapsed_seconds();
+    base_steps += b.progress().step() - a.progress().step();
+
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<WatcherResult> round_results(static_cast<size_t>(watchers));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < watchers; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      threads.emplace_back(Watch, channels[static_cast<size_t>(i) % channels.size()], id, contexts.back().get(),
+                           &round_results[static_cast<size_t>(i)]);
     }
-  });
-  const Throughput watched = Measure(*stub, loaded, window);
-  stop.store(true);
-  traffic.join();
-  sampler.join();
+    std::atomic<bool> stop{false};
+    std::thread traffic([&] {
+      const absl::Duration every = absl::Seconds(1.0 / std::max(0.1, absl::GetFlag(FLAGS_ops_per_second)));
+      ferry::v1::JobSpec queued = TrainingSpec("queued");
+      queued.mutable_train()->set_steps(10);
+      for (uint64_t n = 0; !stop.load(); ++n) {
+        const absl::Time next = absl::Now() + every;
+        switch (n % 4) {
+          case 0: {  // queued behind the running job, then cancelled
+            const std::string queued_id = Submit(*stub, queued, &errors);
+            if (!queued_id.empty()) Cancel(*stub, queued_id, &errors);
+            break;
+          }
+          case 1: {
+            grpc::ClientContext ctx;
+            ferry::v1::GetJobRequest r;
+            r.set_job_id(id);
+            Job job;
+            Ok(stub->GetJob(&ctx, r, &job), "GetJob", &errors);
+            break;
+          }
+          case 2: {
+            grpc::ClientContext ctx;
+            ferry::v1::ListJobsRequest r;
+            r.set_page_size(50);
+            ferry::v1::ListJobsResponse page;
+            Ok(stub->ListJobs(&ctx, r, &page), "ListJobs", &errors);
+            break;
+          }
+          default: {
+            grpc::ClientContext ctx;
+            ferry::v1::GetDaemonInfoRequest r;
+            ferry::v1::DaemonInfo info;
+            Ok(stub->GetDaemonInfo(&ctx, r, &info), "GetDaemonInfo", &errors);
+          }
+        }
+        ++ops;
+        if (next > absl::Now()) absl::SleepFor(next - absl::Now());
+      }
+    });
+    std::thread sampler([&] {
+      while (!stop.load()) {
+        rss_max = std::max(rss_max, DaemonRssBytes(pid));
+        absl::SleepFor(absl::Milliseconds(500));
+      }
+    });
+    absl::SleepFor(absl::Seconds(1));  // every watcher has its snapshot
+    Job c = Get(*stub, id);
+    absl::SleepFor(half);
+    Job d = Get(*stub, id);
+    watched_tokens += static_cast<double>(d.progress().tokens() - c.progress().tokens());
+    watched_seconds += d.progress().elapsed_seconds() - c.progress().elapsed_seconds();
+    watched_steps += d.progress().step() - c.progress().step();
+    stop.store(true);
+    traffic.join();
+    sampler.join();
+    if (last_round) {
+      Cancel(*stub, id, &errors);  // the watchers follow the job to its end
+    } else {
+      for (auto& ctx : contexts) ctx->TryCancel();
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < results.size(); ++i) {
+      WatcherResult& r = results[i];
+      const WatcherResult& now = round_results[i];
+      r.events += now.events;
+      r.gaps += now.gaps;
+      r.heartbeats += now.heartbeats;
+      if (last_round) {
+        r.saw_end = now.saw_end;
+        r.status = now.status;
+      }
+    }
+  }
   const uint64_t rss_after = DaemonRssBytes(pid);
-  Cancel(*stub, loaded, &errors);
-  for (std::thread& t : threads) t.join();
+  Throughput base, watched;
+  base.tokens_per_second = base_seconds > 0 ? base_tokens / base_seconds : 0;
+  base.steps = base_steps;
+  watched.tokens_per_second = watched_seconds > 0 ? watched_tokens / watched_seconds : 0;
+  watched.steps = watched_steps;
 
   // 3. Checks.
   uint64_t gaps = 0, unfinished = 0, failed_streams = 0, fewest = UINT64_MAX, most = 0;
@@ -286,9 +315,9 @@ int main(int argc, char** argv) {
   const double growth_mib = (static_cast<double>(rss_max) - static_cast<double>(rss_before)) / (1 << 20);
   const bool alive = pid <= 0 || DaemonRssBytes(pid) > 0;
   std::printf("%-44s %s\n", "check", "figure");
-  std::printf("%-44s %.0f tok/s (%llu steps)\n", "throughput, unwatched", base.tokens_per_second,
+  std::printf("%-44s %.0f tok/s (%llu steps)\n", "throughput, unwatched windows", base.tokens_per_second,
               static_cast<unsigned long long>(base.steps));
-  std::printf("%-44s %.0f tok/s (%llu steps), %.3fx\n", "throughput, watched and under traffic",
+  std::printf("%-44s %.0f tok/s (%llu steps), %.3fx\n", "throughput, watched windows with traffic",
               watched.tokens_per_second, static_cast<unsigned long long>(watched.steps), ratio);
   std::printf("%-44s %d watchers, %llu-%llu events each, %llu gaps, %llu without the end, %llu failed\n",
               "watchers", watchers, static_cast<unsigned long long>(fewest), static_cast<unsigned long long>(most),
