@@ -13,6 +13,7 @@
 #include "ferry/v1/options.pb.h"
 #include "server/spec/size.h"
 #include "server/spec/spec_defaults.h"
+#include "server/spec/yaml_to_proto.h"
 
 namespace ferry {
 namespace {
@@ -342,34 +343,51 @@ void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c, const Mach
   p.Range<uint32_t>("checkpoint.keep", c.keep(), 1, 1000);
 }
 
-// Paths the checks above do not know (fields marked `(ferry.v1.path)` other
-// than data.path and checkpoint.dir): confined like them, whatever they
-// name, so that a path field added to the spec is never left unchecked.
-void CheckOtherPaths(Problems& p, const google::protobuf::Message& message, const std::string& prefix,
-                     const MachineFacts& machine) {
+// Checks made by field type rather than by name, so that a field added to
+// the spec is never left unchecked: enum values this build knows (proto3
+// keeps any number a client sends, which the worker could not read back), and
+// paths the checks above do not know (fields marked `(ferry.v1.path)` other
+// than data.path and checkpoint.dir), confined like them whatever they name.
+void CheckFieldsByType(Problems& p, const google::protobuf::Message& message, const std::string& prefix,
+                       const MachineFacts& machine) {
+  using google::protobuf::FieldDescriptor;
   const google::protobuf::Reflection* reflection = message.GetReflection();
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  std::vector<const FieldDescriptor*> fields;
   reflection->ListFields(message, &fields);
-  for (const google::protobuf::FieldDescriptor* f : fields) {
+  for (const FieldDescriptor* f : fields) {
     const std::string name = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
-    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
-      CheckOtherPaths(p, reflection->GetMessage(message, f), name, machine);
-      continue;
-    }
-    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_STRING ||
-        !f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "checkpoint.dir") {
-      continue;
-    }
-    std::vector<std::string> values;
-    if (f->is_repeated()) {
-      for (int i = 0; i < reflection->FieldSize(message, f); ++i) {
-        values.push_back(reflection->GetRepeatedString(message, f, i));
-      }
-    } else {
-      values.push_back(reflection->GetString(message, f));
-    }
-    for (const std::string& value : values) {
-      if (!value.empty()) CheckPath(p, name.c_str(), value, PathKind::kFile, machine);
+    const int count = f->is_repeated() ? reflection->FieldSize(message, f) : 1;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        for (int i = 0; i < count; ++i) {
+          CheckFieldsByType(p,
+                            f->is_repeated() ? reflection->GetRepeatedMessage(message, f, i)
+                                             : reflection->GetMessage(message, f),
+                            f->is_repeated() ? absl::StrCat(name, "[", i, "]") : name, machine);
+        }
+        break;
+      case FieldDescriptor::CPPTYPE_ENUM:
+        for (int i = 0; i < count; ++i) {
+          const int value = f->is_repeated() ? reflection->GetRepeatedEnumValue(message, f, i)
+                                             : reflection->GetEnumValue(message, f);
+          if (f->enum_type()->FindValueByNumber(value) == nullptr) {
+            p.Invalid(absl::StrCat(name, ": ", value, " is not a value this daemon knows; use one of ",
+                                   EnumChoices(f->enum_type())));
+          }
+        }
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        if (!f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "checkpoint.dir") {
+          break;
+        }
+        for (int i = 0; i < count; ++i) {
+          const std::string& value =
+              f->is_repeated() ? reflection->GetRepeatedString(message, f, i) : reflection->GetString(message, f);
+          if (!value.empty()) CheckPath(p, name.c_str(), value, PathKind::kFile, machine);
+        }
+        break;
+      default:
+        break;
     }
   }
 }
@@ -398,7 +416,7 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   CheckParallel(p, spec);
   p.Range<uint32_t>("max_restarts", spec.max_restarts(), 0, 100);
   CheckCheckpoint(p, spec.checkpoint(), machine);
-  CheckOtherPaths(p, spec, "", machine);
+  CheckFieldsByType(p, spec, "", machine);
   return p.ToStatus();
 }
 

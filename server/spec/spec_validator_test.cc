@@ -148,6 +148,21 @@ TEST(SpecValidatorTest, RelativePathsOverTheApiAreInvalid) {
   EXPECT_NE(s.message().find("must be an absolute path"), std::string::npos);
 }
 
+// A Submit call may carry enum numbers this build has no name for (proto3
+// keeps them); the worker, which reads the spec by value names, could not.
+TEST(SpecValidatorTest, UnknownEnumValuesAreInvalid) {
+  JobSpec spec = Resolved("data: {synthetic: {}}");
+  spec.mutable_train()->set_precision(static_cast<ferry::v1::Precision>(6));
+  spec.mutable_memory()->set_recompute(static_cast<ferry::v1::RecomputeMode>(65));
+  absl::Status s = ValidateSpec(spec, Machine());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("train.precision: 6 is not a value this daemon knows; use one of fp32, fp16, bf16"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("memory.recompute: 65 is not a value"), std::string::npos) << s;
+  EXPECT_TRUE(ValidateSpec(Resolved("data: {synthetic: {}}\ntrain: {precision: bf16}"), Machine()).ok());
+}
+
 TEST(SpecValidatorTest, ReportsEveryProblemAtOnce) {
   absl::Status s = ValidateSpec(
       Resolved("data: {synthetic: {}}\nmodel: {layers: 0, hidden: 7, heads: 2}\ntrain: {lr: 100}"),

@@ -88,14 +88,6 @@ absl::Status UnknownField(const Descriptor* d, absl::string_view path, absl::str
   return Error(path, message);
 }
 
-std::string EnumChoices(const EnumDescriptor* e) {
-  std::vector<std::string> names;
-  for (int i = 0; i < e->value_count(); ++i) {
-    if (e->value(i)->number() != 0) names.push_back(ShortEnumName(e->value(i)));
-  }
-  return absl::StrJoin(names, ", ");
-}
-
 std::string ResolvePath(absl::string_view value, absl::string_view base_dir) {
   if (value.empty() || value[0] == '/' || base_dir.empty()) return std::string(value);
   absl::string_view rest = value;
@@ -338,6 +330,14 @@ std::string ShortEnumName(const EnumValueDescriptor* value) {
   absl::string_view name = value->name();
   absl::ConsumePrefix(&name, prefix);
   return absl::AsciiStrToLower(name);
+}
+
+std::string EnumChoices(const EnumDescriptor* e) {
+  std::vector<std::string> names;
+  for (int i = 0; i < e->value_count(); ++i) {
+    if (e->value(i)->number() != 0) names.push_back(ShortEnumName(e->value(i)));
+  }
+  return absl::StrJoin(names, ", ");
 }
 
 absl::Status YamlToMessage(const YAML::Node& node, Message* message,

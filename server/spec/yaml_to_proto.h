@@ -45,4 +45,8 @@ absl::Status ApplyYamlOverride(YAML::Node& root, const google::protobuf::Descrip
 // JOB_STATE_RUNNING -> "running", PRECISION_FP32 -> "fp32".
 std::string ShortEnumName(const google::protobuf::EnumValueDescriptor* value);
 
+// The short names of an enum's values other than the zero (unspecified) one,
+// comma-separated: "fp32, fp16, bf16".
+std::string EnumChoices(const google::protobuf::EnumDescriptor* e);
+
 }  // namespace ferry
