@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ferry/v1/spec.pb.h"
+#include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/spec/job_file.h"
@@ -27,12 +28,21 @@ namespace ferry::fuzz {
   std::abort();
 }
 
+// Field by field, a NaN equal to a NaN: a spec may carry one (refused by
+// the validator, not by WithDefaults).
+inline bool Same(const ferry::v1::JobSpec& a, const ferry::v1::JobSpec& b) {
+  google::protobuf::util::DefaultFieldComparator comparator;
+  comparator.set_treat_nan_as_equal(true);
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.set_field_comparator(&comparator);
+  return differencer.Compare(a, b);
+}
+
 inline void CheckSpec(const ferry::v1::JobSpec& parsed) {
-  using google::protobuf::util::MessageDifferencer;
   absl::StatusOr<ferry::v1::JobSpec> spec = WithDefaults(parsed);
   if (!spec.ok()) return;
   absl::StatusOr<ferry::v1::JobSpec> again = WithDefaults(*spec);
-  if (!again.ok() || !MessageDifferencer::Equals(*again, *spec)) {
+  if (!again.ok() || !Same(*again, *spec)) {
     Fail("WithDefaults is not idempotent", *spec, again.ok() ? "" : again.status().ToString());
   }
   MachineFacts machine;
@@ -54,7 +64,7 @@ inline void CheckSpec(const ferry::v1::JobSpec& parsed) {
   if (!back.ok()) Fail("the worker cannot read an accepted spec", *spec, back.status().ToString() + "\n" + json);
   // Fields this build does not know (from a newer client) have no JSON form.
   spec->DiscardUnknownFields();
-  if (!MessageDifferencer::Equals(*back, *spec)) {
+  if (!Same(*back, *spec)) {
     Fail("an accepted spec reads back changed", *spec, back->ShortDebugString() + "\n" + json);
   }
 }
