@@ -8,6 +8,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/auth.XXXXXX")"
@@ -62,13 +63,8 @@ start() {  # start NAME FLAGS...: starts ferryd, sets PID and ADDRESS
     --ready_file="$WORK/$name.ready" "$@" >"$LOG" 2>&1 &
   PID=$!
   DAEMONS+=("$PID")
-  for _ in $(seq 1 600); do
-    [ -s "$WORK/$name.ready" ] && break
-    kill -0 "$PID" 2>/dev/null || fail "ferryd $name exited during start-up"
-    sleep 0.1
-  done
-  [ -s "$WORK/$name.ready" ] || fail "ferryd $name did not become ready in 60 s"
-  ADDRESS="$(json "d['listen']" <"$WORK/$name.ready")"
+  wait_ready "$PID" "$WORK/$name.ready"
+  ADDRESS="$READY_ADDRESS"
   echo "ferryd $name at $ADDRESS"
 }
 

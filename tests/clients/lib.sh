@@ -3,6 +3,7 @@
 # cut every connection. Source it; set CLIENT_NAME first.
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 PY=/usr/bin/python3
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/clients.XXXXXX")"
@@ -18,7 +19,6 @@ fail() {
   for f in "$WORK"/ferryd.*.log; do [ -e "$f" ] && { echo "--- $f" >&2; tail -15 "$f" >&2; }; done
   exit 1
 }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 cleanup() {
   [ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null
   [ -n "$PROXY" ] && kill "$PROXY" 2>/dev/null
@@ -42,13 +42,8 @@ start_daemon() {
   "$FERRYD" --state_dir="$STATE" --listen=127.0.0.1:0 --metrics_listen= --ready_file="$WORK/ready.json" \
     --progress_events_per_second=0 "${DAEMON_ARGS[@]}" >"$WORK/ferryd.$STARTS.log" 2>&1 &
   DAEMON=$!
-  for _ in $(seq 1 600); do
-    [ -s "$WORK/ready.json" ] && break
-    kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
-    sleep 0.1
-  done
-  [ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
-  DAEMON_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
+  wait_ready "$DAEMON" "$WORK/ready.json"
+  DAEMON_ADDRESS="$READY_ADDRESS"
   echo "$DAEMON_ADDRESS" >"$WORK/upstream"
   echo "ferryd $STARTS at $DAEMON_ADDRESS"
 }

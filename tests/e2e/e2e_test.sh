@@ -4,6 +4,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 EXAMPLE="$RUNFILES/examples/gpt2-tiny.yaml"
@@ -19,14 +20,9 @@ DAEMON=$!
 cleanup() { kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; }
 trap cleanup EXIT
 
-for _ in $(seq 1 600); do
-  [ -s "$WORK/ready.json" ] && break
-  kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
-  sleep 0.1
-done
-[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
-export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
-METRICS="$(json "d['metrics_listen']" <"$WORK/ready.json")"
+wait_ready "$DAEMON" "$WORK/ready.json"
+export FERRY_ADDRESS="$READY_ADDRESS"
+METRICS="$READY_METRICS"
 echo "ferryd at $FERRY_ADDRESS, metrics at $METRICS"
 
 "$FERRY" info | grep -q "device:  cpu" || fail "ferry info does not list the cpu"

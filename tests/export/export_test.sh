@@ -7,6 +7,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 WORKER="$RUNFILES/server/ferry-worker"
@@ -23,13 +24,8 @@ json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 DAEMON=$!
 cleanup() { kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; }
 trap cleanup EXIT
-for _ in $(seq 1 600); do
-  [ -s "$WORK/ready.json" ] && break
-  kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
-  sleep 0.1
-done
-[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
-export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
+wait_ready "$DAEMON" "$WORK/ready.json"
+export FERRY_ADDRESS="$READY_ADDRESS"
 
 expect_refusal() {  # expect_refusal EXIT_CODE TEXT -- ferry args...
   local code="$1" text="$2"; shift 3

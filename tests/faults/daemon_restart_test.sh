@@ -6,6 +6,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/restart.XXXXXX")"
@@ -29,13 +30,8 @@ start_daemon() {
   "$FERRYD" --state_dir="$STATE" --listen=127.0.0.1:0 --metrics_listen= --ready_file="$WORK/ready.json" \
     >"$WORK/ferryd.$STARTS.log" 2>&1 &
   DAEMON=$!
-  for _ in $(seq 1 600); do
-    [ -s "$WORK/ready.json" ] && break
-    kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
-    sleep 0.1
-  done
-  [ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
-  export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
+  wait_ready "$DAEMON" "$WORK/ready.json"
+  export FERRY_ADDRESS="$READY_ADDRESS"
 }
 kill_daemon() {
   kill -9 "$DAEMON"; wait "$DAEMON" 2>/dev/null || true; DAEMON=""

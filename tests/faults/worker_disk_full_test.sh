@@ -12,6 +12,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 WORKER="$RUNFILES/server/ferry-worker"
 SELF="$(readlink -f "$0")"
 
@@ -99,9 +100,8 @@ FERRY="$RUNFILES/client/ferry"
   >"$WORK/ferryd.out" 2>&1 &
 DAEMON=$!
 trap 'kill -9 $DAEMON 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do [ -s "$WORK/ready.json" ] && break; sleep 0.1; done
-[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready"
-export FERRY_ADDRESS="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'])" "$WORK/ready.json")"
+wait_ready "$DAEMON" "$WORK/ready.json"
+export FERRY_ADDRESS="$READY_ADDRESS"
 small_fs "$WORK/small3"
 ID="$("$FERRY" submit "$WORK/calm.yaml" --set=checkpoint.dir=$WORK/small3/ckpt -o json \
   | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['id'])")"

@@ -5,6 +5,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 CLIENT="$RUNFILES/tests/load/load_client"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/load.XXXXXX")"
@@ -16,9 +17,8 @@ fail() { echo "FAIL: $*" >&2; tail -20 "$WORK/ferryd.log" >&2 || true; exit 1; }
   >"$WORK/ferryd.log" 2>&1 &
 DAEMON=$!
 trap 'kill -9 $DAEMON 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do [ -s "$WORK/ready.json" ] && break; sleep 0.1; done
-[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready"
-ADDRESS="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'])" "$WORK/ready.json")"
+wait_ready "$DAEMON" "$WORK/ready.json"
+ADDRESS="$READY_ADDRESS"
 
 # The load client stands in for watchers and callers on other machines: at
 # the lowest CPU priority it takes only what the daemon and the job leave,

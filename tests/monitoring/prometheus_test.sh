@@ -9,6 +9,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 DEPLOY="$RUNFILES/deploy"
@@ -44,14 +45,9 @@ promtool check rules "$DEPLOY/prometheus/alerts.yml" || fail "promtool check rul
 "$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --ready_file="$WORK/ready.json" >"$WORK/ferryd.log" 2>&1 &
 DAEMON=$!
-for _ in $(seq 1 600); do
-  [ -s "$WORK/ready.json" ] && break
-  kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
-  sleep 0.1
-done
-[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
-export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
-METRICS="$(json "d['metrics_listen']" <"$WORK/ready.json")"
+wait_ready "$DAEMON" "$WORK/ready.json"
+export FERRY_ADDRESS="$READY_ADDRESS"
+METRICS="$READY_METRICS"
 echo "ferryd at $FERRY_ADDRESS, metrics at $METRICS"
 
 # --- Prometheus on a free loopback port, scraping ferryd every second. ---

@@ -7,6 +7,7 @@
 set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
+source "$RUNFILES/tests/lib/ferryd.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/paths.XXXXXX")"
@@ -33,13 +34,8 @@ grep -q -- "--allowed_roots: $WORK/nonexistent" "$WORK/bad.log" || fail "no flag
 DAEMON=$!
 cleanup() { kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; }
 trap cleanup EXIT
-for _ in $(seq 1 600); do
-  [ -s "$WORK/ready.json" ] && break
-  kill -0 "$DAEMON" 2>/dev/null || fail "ferryd exited during start-up"
-  sleep 0.1
-done
-[ -s "$WORK/ready.json" ] || fail "ferryd did not become ready in 60 s"
-export FERRY_ADDRESS="$(json "d['listen']" <"$WORK/ready.json")"
+wait_ready "$DAEMON" "$WORK/ready.json"
+export FERRY_ADDRESS="$READY_ADDRESS"
 grep -q "paths in job specs must be inside $ROOT" "$WORK/ferryd.log" || fail "the roots are not logged"
 
 # Token files: one inside, one (just as good) outside.
