@@ -204,8 +204,8 @@ void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
     p.Invalid(absl::StrCat("train.weight_decay: ", t.weight_decay(),
                            " is out of range; use 0 or more, typically 0.1"));
   }
-  if (!(t.grad_clip() >= 0)) {
-    p.Invalid(absl::StrCat("train.grad_clip: ", t.grad_clip(), " must be 0 (off) or positive"));
+  if (!(t.grad_clip() >= 0 && std::isfinite(t.grad_clip()))) {
+    p.Invalid(absl::StrCat("train.grad_clip: ", t.grad_clip(), " must be 0 (off) or a positive finite number"));
   }
   if (!(t.beta1() >= 0 && t.beta1() < 1)) {
     p.Invalid(absl::StrCat("train.beta1: ", t.beta1(), " must be in [0, 1)"));

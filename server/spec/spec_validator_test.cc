@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
@@ -131,6 +132,10 @@ TEST(SpecValidatorTest, MalformedFieldsAreInvalidArgument) {
                 "model.layers: 5000 is out of range; use 1 to 1024");
   ExpectProblem("data: {synthetic: {}}\nmodel: {dropout: 1.5}", kInvalid, "model.dropout");
   ExpectProblem("data: {synthetic: {}}\ntrain: {lr: -1}", kInvalid, "train.lr");
+  JobSpec infinite = Resolved("data: {synthetic: {}}");  // only a Submit call can send one
+  infinite.mutable_train()->set_grad_clip(std::numeric_limits<double>::infinity());
+  EXPECT_NE(ValidateSpec(infinite, Machine()).message().find("train.grad_clip: inf must be 0 (off) or a positive finite"),
+            std::string::npos);
   ExpectProblem("data: {synthetic: {}}\ntrain: {steps: 10, warmup_steps: 20}", kInvalid,
                 "train.warmup_steps: 20 is more than train.steps (10)");
   ExpectProblem("data: {synthetic: {branching: 999}}", kInvalid, "data.synthetic.branching");
