@@ -237,7 +237,12 @@ absl::Status Daemon::Start() {
   } else {
     authorizer_ = std::make_unique<Authorizer>();
   }
-  authorized_service_ = std::make_unique<AuthorizedFerryService>(service_.get(), authorizer_.get());
+  authorized_service_ = std::make_unique<AuthorizedFerryService>(
+      service_.get(), authorizer_.get(), [metrics = metrics_.get()](absl::string_view method, grpc::StatusCode code) {
+        metrics->OnCallRefused(std::string(method), code == grpc::StatusCode::UNAUTHENTICATED
+                                                        ? "UNAUTHENTICATED"
+                                                        : "PERMISSION_DENIED");
+      });
   const bool tls = !options_.tls_cert.empty();
   if (!IsLoopback(HostOf(options_.listen)) && (!tls || options_.tokens_file.empty())) {
     LOG(WARNING) << "--listen=" << options_.listen << " is reachable from other machines "

@@ -1,6 +1,10 @@
 #include "server/api/auth.h"
 
+#include <algorithm>
+#include <chrono>
 #include <vector>
+
+#include <glog/logging.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -96,9 +100,44 @@ grpc::Status Authorizer::Check(absl::string_view method,
   return grpc::Status::OK;
 }
 
-#define FERRY_AUTHORIZE(method)                                                               \
-  if (grpc::Status status = authorizer_->Check(method, context->client_metadata()); !status.ok()) \
-  return status
+std::optional<std::string> RefusalLog::Line(absl::string_view method, absl::string_view peer,
+                                            const grpc::Status& status, int64_t now_ms) {
+  absl::MutexLock lock(&mu_);
+  if (last_ms_ != INT64_MIN && now_ms > last_ms_) {
+    ration_ = std::min(kBurst, ration_ + static_cast<double>(now_ms - last_ms_) / 1000.0 * kPerSecond);
+  }
+  last_ms_ = std::max(last_ms_, now_ms);
+  if (ration_ < 1) {
+    ++unlogged_;
+    return std::nullopt;
+  }
+  ration_ -= 1;
+  std::string line = absl::StrCat("refused ", method, " from ", peer, ": ",
+                                  status.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED"
+                                                                                           : "PERMISSION_DENIED",
+                                  ": ", status.error_message());
+  if (unlogged_ > 0) {
+    absl::StrAppend(&line, " (and ", unlogged_, " more refusals since the previous line were not logged)");
+  }
+  unlogged_ = 0;
+  return line;
+}
+
+grpc::Status AuthorizedFerryService::Authorize(absl::string_view method, grpc::ServerContext* context) {
+  grpc::Status status = authorizer_->Check(method, context->client_metadata());
+  if (status.ok()) return status;
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  if (std::optional<std::string> line = refusal_log_.Line(method, context->peer(), status, now_ms)) {
+    LOG(WARNING) << *line;
+  }
+  if (on_refused_) on_refused_(method, status.error_code());
+  return status;
+}
+
+#define FERRY_AUTHORIZE(method)                                                 \
+  if (grpc::Status status = Authorize(method, context); !status.ok()) return status
 
 grpc::Status AuthorizedFerryService::SubmitJob(grpc::ServerContext* context,
                                                const ferry::v1::SubmitJobRequest* request,

@@ -6,9 +6,12 @@
 // front of the real handlers; the health and reflection services are not
 // behind it.
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
@@ -48,13 +51,40 @@ class Authorizer {
   std::shared_ptr<const TokenTable> tokens_ ABSL_GUARDED_BY(mu_);
 };
 
+// Told of each call the authorizer refused: the method and the status code
+// (UNAUTHENTICATED or PERMISSION_DENIED), e.g. to count it.
+using RefusalObserver = std::function<void(absl::string_view method, grpc::StatusCode code)>;
+
+// The log line of a refusal: the method, the caller's address, the code and
+// the reason (which never holds the token). Lines are rationed so that a
+// flood of refusals cannot fill the log: a burst of 10, then one a second;
+// the next line logged tells how many were not.
+class RefusalLog {
+ public:
+  static constexpr double kBurst = 10;
+  static constexpr double kPerSecond = 1;
+
+  // Returns the line to log now, or nullopt when the ration is spent (the
+  // refusal is counted for the next line).
+  std::optional<std::string> Line(absl::string_view method, absl::string_view peer, const grpc::Status& status,
+                                  int64_t now_ms) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  double ration_ ABSL_GUARDED_BY(mu_) = kBurst;
+  int64_t last_ms_ ABSL_GUARDED_BY(mu_) = INT64_MIN;
+  uint64_t unlogged_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // ferry.v1.Ferry with each call checked by `authorizer` before it reaches
-// `inner`. A method added to the service but not here answers UNIMPLEMENTED.
+// `inner`; refusals are logged (see RefusalLog) and told to `on_refused`. A
+// method added to the service but not here answers UNIMPLEMENTED.
 class AuthorizedFerryService final : public ferry::v1::Ferry::Service {
  public:
   // Both must outlive this service.
-  AuthorizedFerryService(ferry::v1::Ferry::Service* inner, const Authorizer* authorizer)
-      : inner_(inner), authorizer_(authorizer) {}
+  AuthorizedFerryService(ferry::v1::Ferry::Service* inner, const Authorizer* authorizer,
+                         RefusalObserver on_refused = nullptr)
+      : inner_(inner), authorizer_(authorizer), on_refused_(std::move(on_refused)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const ferry::v1::SubmitJobRequest* request,
                          ferry::v1::Job* response) override;
@@ -76,8 +106,13 @@ class AuthorizedFerryService final : public ferry::v1::Ferry::Service {
                              grpc::ServerWriter<ferry::v1::ExportChunk>* writer) override;
 
  private:
+  // The authorizer's verdict on a call, a refusal logged and observed.
+  grpc::Status Authorize(absl::string_view method, grpc::ServerContext* context);
+
   ferry::v1::Ferry::Service* const inner_;
   const Authorizer* const authorizer_;
+  const RefusalObserver on_refused_;
+  RefusalLog refusal_log_;
 };
 
 }  // namespace ferry

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -191,7 +193,11 @@ std::vector<std::pair<std::string, Call>> EveryCall() {
 class AuthorizedServiceTest : public ::testing::Test {
  protected:
   void StartServer(Authorizer* authorizer) {
-    service_ = std::make_unique<AuthorizedFerryService>(&inner_, authorizer);
+    service_ = std::make_unique<AuthorizedFerryService>(
+        &inner_, authorizer, [this](absl::string_view method, grpc::StatusCode code) {
+          absl::MutexLock lock(&mu_);
+          ++refused_[{std::string(method), code}];
+        });
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -212,7 +218,14 @@ class AuthorizedServiceTest : public ::testing::Test {
     return call(stub_.get(), &ctx);
   }
 
+  int Refused(const std::string& method, grpc::StatusCode code) {
+    absl::MutexLock lock(&mu_);
+    return refused_[{method, code}];
+  }
+
   OkService inner_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, grpc::StatusCode>, int> refused_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AuthorizedFerryService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ferry::v1::Ferry::Stub> stub_;
@@ -244,6 +257,37 @@ TEST_F(AuthorizedServiceTest, EveryMethodTimesEveryCaller) {
 
     grpc::Status submitter = CallWith(call, kSubmitterToken);
     EXPECT_TRUE(submitter.ok()) << method << ": " << submitter.error_message();
+
+    // Each refusal, and only those, reaches the observer.
+    EXPECT_EQ(Refused(method, grpc::StatusCode::UNAUTHENTICATED), 2) << method;
+    EXPECT_EQ(Refused(method, grpc::StatusCode::PERMISSION_DENIED), needs_submitter ? 1 : 0) << method;
+  }
+}
+
+TEST(RefusalLog, ABurstThenOneLineASecondCountingTheRest) {
+  RefusalLog log;
+  const grpc::Status denied(grpc::StatusCode::PERMISSION_DENIED, "SubmitJob needs the submitter role");
+  const grpc::Status unauthenticated(grpc::StatusCode::UNAUTHENTICATED, "this ferryd requires a token");
+  std::optional<std::string> first = log.Line("SubmitJob", "ipv4:127.0.0.1:4242", denied, 5000);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, "refused SubmitJob from ipv4:127.0.0.1:4242: PERMISSION_DENIED: SubmitJob needs the "
+                    "submitter role");
+  for (int i = 1; i < RefusalLog::kBurst; ++i) {
+    EXPECT_TRUE(log.Line("GetJob", "ipv4:127.0.0.1:4243", unauthenticated, 5000 + i).has_value()) << i;
+  }
+  EXPECT_FALSE(log.Line("GetJob", "ipv4:127.0.0.1:4243", unauthenticated, 5100).has_value());
+  EXPECT_FALSE(log.Line("GetJob", "ipv4:127.0.0.1:4243", unauthenticated, 5900).has_value());
+  std::optional<std::string> next = log.Line("GetJob", "ipv4:127.0.0.1:4244", unauthenticated, 6100);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(*next, "refused GetJob from ipv4:127.0.0.1:4244: UNAUTHENTICATED: this ferryd requires a token "
+                   "(and 2 more refusals since the previous line were not logged)");
+  EXPECT_FALSE(log.Line("GetJob", "ipv4:127.0.0.1:4244", unauthenticated, 6200).has_value());
+  // A quiet minute refills the burst; its first line counts the one at 6200.
+  for (int i = 0; i < RefusalLog::kBurst; ++i) {
+    std::optional<std::string> quiet = log.Line("GetJob", "ipv4:127.0.0.1:4245", unauthenticated, 70000 + i);
+    ASSERT_TRUE(quiet.has_value()) << i;
+    EXPECT_EQ(quiet->find("(and 1 more refusals since") != std::string::npos, i == 0) << i << ": " << *quiet;
+    EXPECT_EQ(quiet->find("more refusals") != std::string::npos, i == 0) << i << ": " << *quiet;
   }
 }
 

@@ -174,6 +174,11 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                                  .Help("Size of the latest checkpoint written completely (rank 0's).")
                                  .Register(*registry_)
                                  .Add({})),
+      refused_calls_(prometheus::BuildCounter()
+                         .Name("ferry_rpc_refused_total")
+                         .Help("Calls refused by the bearer-token check, by method and gRPC code "
+                               "(UNAUTHENTICATED: no or unknown token; PERMISSION_DENIED: role too low).")
+                         .Register(*registry_)),
       build_info_(prometheus::BuildGauge()
                       .Name("ferry_build_info")
                       .Help("Always 1; labels give the daemon and LibTorch versions.")
@@ -252,6 +257,10 @@ void DaemonMetrics::OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) {
 void DaemonMetrics::OnCheckpointFailed(uint64_t step) {
   (void)step;
   checkpoints_.Add({{"result", "failed"}}).Increment();
+}
+
+void DaemonMetrics::OnCallRefused(const std::string& method, const std::string& code) {
+  refused_calls_.Add({{"method", method}, {"code", code}}).Increment();
 }
 
 void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new_tokens) {

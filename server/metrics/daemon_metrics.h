@@ -35,6 +35,10 @@ class DaemonMetrics : public JobListener {
   void OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) override;
   void OnCheckpointFailed(uint64_t step) override;
 
+  // A call the bearer-token check refused: `method` of ferry.v1.Ferry, `code`
+  // "UNAUTHENTICATED" or "PERMISSION_DENIED".
+  void OnCallRefused(const std::string& method, const std::string& code);
+
  private:
   prometheus::Gauge& MemoryGauge(const std::string& tier, const std::string& kind);
 
@@ -72,6 +76,7 @@ class DaemonMetrics : public JobListener {
   prometheus::Gauge& last_checkpoint_time_;
   prometheus::Gauge& last_checkpoint_step_;
   prometheus::Gauge& last_checkpoint_bytes_;
+  prometheus::Family<prometheus::Counter>& refused_calls_;
   prometheus::Family<prometheus::Gauge>& build_info_;
   prometheus::Gauge* build_info_series_ = nullptr;
 };

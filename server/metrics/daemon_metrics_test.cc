@@ -97,6 +97,16 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   EXPECT_TRUE(Has(Scrape(metrics), "ferry_rank_memory_bytes{rank=\"1\",tier=\"device\"} 0"));
 }
 
+TEST(DaemonMetricsTest, RefusedCallsByMethodAndCode) {
+  DaemonMetrics metrics("v", "t");
+  metrics.OnCallRefused("SubmitJob", "PERMISSION_DENIED");
+  metrics.OnCallRefused("SubmitJob", "PERMISSION_DENIED");
+  metrics.OnCallRefused("GetJob", "UNAUTHENTICATED");
+  const std::string text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_rpc_refused_total{code=\"PERMISSION_DENIED\",method=\"SubmitJob\"} 2")) << text;
+  EXPECT_TRUE(Has(text, "ferry_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"GetJob\"} 1")) << text;
+}
+
 TEST(DaemonMetricsTest, CheckpointsProgressTimeAndModelBlocks) {
   DaemonMetrics metrics("v", "t");
   std::string text = Scrape(metrics);

@@ -193,14 +193,30 @@ startup_error "line 2: the same token as line 1" --tokens_file=bad-tokens
 
 # --- Plaintext on loopback with tokens.
 echo "plaintext on loopback, tokens:"
-start plain --tokens_file="$WORK/tokens"
+start plain --tokens_file="$WORK/tokens" --metrics_listen=127.0.0.1:0
 PLAIN_PID=$PID
 PLAIN_ADDRESS=$ADDRESS
+PLAIN_METRICS=$READY_METRICS
 grep -q "serving on .* (plaintext, bearer tokens)" "$LOG" || fail "the start-up line does not say plaintext with tokens"
 grep -q "bearer tokens from $WORK/tokens: 1 viewer, 1 submitter" "$LOG" || fail "the tokens were not counted"
 TRANSPORT=()
 matrix
 open_services
+# Refusals are logged (a burst of 10, then a line a second; the matrix made
+# more) and counted by method and code.
+grep -q "refused [A-Za-z]* from ipv4:127.0.0.1:[0-9]*: UNAUTHENTICATED: .*--token or FERRY_TOKEN" "$LOG" \
+  || fail "no refusal was logged"
+sleep 1.1
+expect denied viewer cancel j-00000000
+grep -q "refused CancelJob from ipv4:127.0.0.1:[0-9]*: PERMISSION_DENIED: CancelJob needs the submitter role .* (and [0-9]* more refusals since the previous line were not logged)" \
+  "$LOG" || fail "the denial after a second was not logged with the count of those not logged"
+scrape="$("$PY" -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics").read().decode())' "$PLAIN_METRICS")"
+for series in 'code="PERMISSION_DENIED",method="CancelJob"' 'code="PERMISSION_DENIED",method="SubmitJob"' \
+              'code="UNAUTHENTICATED",method="ListJobs"' 'code="UNAUTHENTICATED",method="WatchJob"'; do
+  grep -Eq "^ferry_rpc_refused_total\{$series\} [1-9]" <<<"$scrape" || fail "ferry_rpc_refused_total{$series} not counted"
+done
+! grep -q 'code="PERMISSION_DENIED",method="ListJobs"' <<<"$scrape" || fail "a viewer's ListJobs was counted as refused"
+echo "refusals logged and counted in ferry_rpc_refused_total"
 # FERRY_TOKEN is the same as --token.
 FERRY_TOKEN="$VIEWER" "$FERRY" --address="$ADDRESS" list >/dev/null || fail "FERRY_TOKEN was not used"
 set +e; out="$(FERRY_TOKEN="$VIEWER x" "$FERRY" --address="$ADDRESS" list 2>&1)"; rc=$?; set -e
