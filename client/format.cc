@@ -169,6 +169,9 @@ std::string DaemonInfoText(const ferry::v1::DaemonInfo& info) {
                                     info.version(), info.torch_version(), info.host_cpus(),
                                     FormatSize(info.host_memory_bytes()));
   absl::StrAppend(&out, "state:   ", info.state_dir(), "\n");
+  if (info.allowed_roots_size() > 0) {
+    absl::StrAppend(&out, "paths:   job spec paths must be inside ", absl::StrJoin(info.allowed_roots(), ", "), "\n");
+  }
   for (const ferry::v1::Device& d : info.devices()) {
     absl::StrAppendFormat(&out, "device:  %s (%s), %s\n", d.name(), d.description(),
                           FormatSize(d.memory_bytes()));

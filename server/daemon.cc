@@ -296,6 +296,7 @@ absl::Status Daemon::Start() {
   info.set_host_cpus(static_cast<uint32_t>(HostCpuCount()));
   info.set_host_memory_bytes(HostMemoryTotalBytes());
   info.set_state_dir(options_.state_dir);
+  for (const std::string& root : roots->roots()) info.add_allowed_roots(root);
   ToProtoTime(absl::Now(), info.mutable_start_time());
   std::vector<std::string> names;
   bool found = false;

@@ -37,6 +37,8 @@ trap cleanup EXIT
 wait_ready "$DAEMON" "$WORK/ready.json"
 export FERRY_ADDRESS="$READY_ADDRESS"
 grep -q "paths in job specs must be inside $ROOT" "$WORK/ferryd.log" || fail "the roots are not logged"
+"$FERRY" info | grep -qxF "paths:   job spec paths must be inside $ROOT" || fail "ferry info does not show the roots"
+[ "$("$FERRY" info -o json | json "d['allowed_roots']")" = "['$ROOT']" ] || fail "DaemonInfo.allowed_roots"
 
 # Token files: one inside, one (just as good) outside.
 seq 1 3000 >"$WORK/text.txt"
