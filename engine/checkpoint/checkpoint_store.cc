@@ -318,9 +318,13 @@ absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const Check
   if (absl::Status s = WriteSynced(root_fd, latest_tmp, root + "/" + latest_tmp, name + "\n"); !s.ok()) return s;
   if (renameat(root_fd, latest_tmp.c_str(), root_fd, kLatest) != 0) return Errno("cannot replace", root + "/latest");
   if (absl::Status s = SyncFd(root_fd, root); !s.ok()) return s;
-  const std::vector<int64_t> steps = Steps(root_fd);
-  for (size_t i = static_cast<size_t>(std::max(1, keep)); i < steps.size(); ++i) {
-    RemoveTree(root_fd, DirName(steps[i]));
+  // Keep the newest `keep` up to this step. A later step is from a run that
+  // resumed from an older checkpoint (the later one damaged, or not on every
+  // rank) or was put there by hand: counting it would prune what this run
+  // just wrote, so it goes (a resumed run writes the same steps again).
+  int kept = 0;
+  for (const int64_t step : Steps(root_fd)) {
+    if (step > contents.step || ++kept > std::max(1, keep)) RemoveTree(root_fd, DirName(step));
   }
   return absl::OkStatus();
 }

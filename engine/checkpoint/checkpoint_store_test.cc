@@ -61,6 +61,23 @@ TEST(CheckpointStoreTest, RoundTripsAndKeepsTheNewest) {
   EXPECT_FALSE(Exists(root + "/step-000000000100")) << "only the newest 2 are kept";
 }
 
+// A run that resumed from an older checkpoint (the newest damaged) must not
+// count the newer one when pruning: with keep 1 it would delete the step it
+// just wrote and keep only the damaged one.
+TEST(CheckpointStoreTest, PruningIgnoresStepsAfterTheOneWritten) {
+  const std::string root = FreshRoot("resumed");
+  for (int64_t step : {100, 200}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 2).ok());
+  Spit(root + "/step-000000000200/rank0.model", "damaged");
+  ASSERT_TRUE(WriteCheckpoint(root, At(150), 1).ok());
+  EXPECT_TRUE(Exists(root + "/step-000000000150"));
+  EXPECT_FALSE(Exists(root + "/step-000000000200")) << "a step after the one written is from an abandoned run";
+  EXPECT_FALSE(Exists(root + "/step-000000000100")) << "keep 1";
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.step, 150);
+  EXPECT_TRUE(loaded->skipped.empty());
+}
+
 TEST(CheckpointStoreTest, LoadsAnOlderStep) {
   const std::string root = FreshRoot("at_step");
   for (int64_t step : {100, 200}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 3).ok());
