@@ -10,6 +10,8 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -26,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -42,6 +45,9 @@ func main() { os.Exit(run()) }
 func run() int {
 	address := flag.String("address", envOr("FERRY_ADDRESS", "127.0.0.1:50051"), "ferryd's address (default: $FERRY_ADDRESS or 127.0.0.1:50051)")
 	token := flag.String("token", os.Getenv("FERRY_TOKEN"), "sent as 'authorization: Bearer TOKEN' (default: $FERRY_TOKEN)")
+	tlsCA := flag.String("tls-ca", os.Getenv("FERRY_TLS_CA"), "talk TLS, trusting this CA (PEM) for ferryd's certificate (default: $FERRY_TLS_CA; plaintext when no --tls-* is given)")
+	tlsCert := flag.String("tls-cert", os.Getenv("FERRY_TLS_CERT"), "client certificate (PEM), for a ferryd that requires one (default: $FERRY_TLS_CERT)")
+	tlsKey := flag.String("tls-key", os.Getenv("FERRY_TLS_KEY"), "the client certificate's key (default: $FERRY_TLS_KEY)")
 	name := flag.String("name", "go-example", "the job's name")
 	preset := flag.String("preset", "", "model.preset, e.g. gpt2-tiny")
 	layers := flag.Uint("layers", 0, "model.layers")
@@ -86,7 +92,16 @@ func run() int {
 	// Retry a lost connection at least every 2 s (gRPC's default backs off to 2 minutes).
 	backoffConfig := backoff.DefaultConfig
 	backoffConfig.MaxDelay = 2 * time.Second
-	conn, err := grpc.Dial(*address, grpc.WithInsecure(), grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoffConfig, MinConnectTimeout: 20 * time.Second}))
+	transport := grpc.WithInsecure()
+	if *tlsCA != "" || *tlsCert != "" || *tlsKey != "" {
+		creds, err := tlsCredentials(*tlsCA, *tlsCert, *tlsKey)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ferry-client: %v\n", err)
+			return 2
+		}
+		transport = grpc.WithTransportCredentials(creds)
+	}
+	conn, err := grpc.Dial(*address, transport, grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoffConfig, MinConnectTimeout: 20 * time.Second}))
 	if err != nil {
 		return fail("connect to "+*address, err)
 	}
@@ -123,6 +138,34 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// tlsCredentials trusts the CA in caFile (else the system's) and presents
+// the client certificate when one is given, as the ferry CLI does.
+func tlsCredentials(caFile, certFile, keyFile string) (credentials.TransportCredentials, error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together (a client certificate and its key)")
+	}
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tls-ca=%s: no PEM certificate in it", caFile)
+		}
+		config.RootCAs = pool
+	}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert=%s --tls-key=%s: %w", certFile, keyFile, err)
+		}
+		config.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(config), nil
 }
 
 // fail prints err and returns the exit code for it.

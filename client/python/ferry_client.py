@@ -3,7 +3,8 @@
 model data lived.
 
     PYTHONPATH=bazel-bin/proto/python python3 client/python/ferry_client.py \\
-        [JOB.yaml] [--steps=50] [--address=HOST:PORT] [--token=TOKEN]
+        [JOB.yaml] [--steps=50] [--address=HOST:PORT] [--token=TOKEN] \\
+        [--tls-ca=CA.pem [--tls-cert=CLIENT.pem --tls-key=CLIENT.key]]
 
 The watch survives a lost connection: it resumes after the last event it got,
 or, when the daemon no longer has that event, starts again from a snapshot.
@@ -41,6 +42,31 @@ def state_name(state):
 def fail_rpc(what, err):
     code = 3 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else 2
     return Failure(f"{what}: {err.code().name.lower().replace('_', ' ')}: {err.details()}", code)
+
+
+def open_channel(args):
+    """A channel to ferryd: TLS when a CA or a client certificate is given
+    (as the ferry CLI), else plaintext."""
+    # Retry a lost connection at least every 2 s (gRPC's default backs off to 2 minutes).
+    options = [("grpc.max_reconnect_backoff_ms", 2000)]
+    if not (args.tls_ca or args.tls_cert or args.tls_key):
+        return grpc.insecure_channel(args.address, options=options)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise Failure("--tls-cert and --tls-key go together (a client certificate and its key)")
+
+    def read(flag, path):
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise Failure(f"{flag}={path}: {e.strerror}")
+
+    credentials = grpc.ssl_channel_credentials(root_certificates=read("--tls-ca", args.tls_ca),
+                                               private_key=read("--tls-key", args.tls_key),
+                                               certificate_chain=read("--tls-cert", args.tls_cert))
+    return grpc.secure_channel(args.address, credentials, options=options)
 
 
 def job_file_to_json(value, descriptor, base_dir):
@@ -183,6 +209,13 @@ def main():
                         help="ferryd's address (default: $FERRY_ADDRESS or 127.0.0.1:50051)")
     parser.add_argument("--token", default=os.environ.get("FERRY_TOKEN", ""),
                         help="sent as 'authorization: Bearer TOKEN' (default: $FERRY_TOKEN)")
+    parser.add_argument("--tls-ca", default=os.environ.get("FERRY_TLS_CA", ""),
+                        help="talk TLS, trusting this CA (PEM) for ferryd's certificate "
+                             "(default: $FERRY_TLS_CA; plaintext when no --tls-* is given)")
+    parser.add_argument("--tls-cert", default=os.environ.get("FERRY_TLS_CERT", ""),
+                        help="client certificate (PEM), for a ferryd that requires one (default: $FERRY_TLS_CERT)")
+    parser.add_argument("--tls-key", default=os.environ.get("FERRY_TLS_KEY", ""),
+                        help="the client certificate's key (default: $FERRY_TLS_KEY)")
     parser.add_argument("--name", help="the job's name (default: the job file's, or python-example)")
     parser.add_argument("--preset", help="model.preset, e.g. gpt2-tiny")
     parser.add_argument("--layers", type=int)
@@ -199,8 +232,7 @@ def main():
 
     try:
         spec = build_spec(args)
-        # Retry a lost connection at least every 2 s (gRPC's default backs off to 2 minutes).
-        with grpc.insecure_channel(args.address, options=[("grpc.max_reconnect_backoff_ms", 2000)]) as channel:
+        with open_channel(args) as channel:
             stub = ferry_pb2_grpc.FerryStub(channel)
             job = submit(stub, spec, metadata)
             print(f"submitted {job.id} to {args.address}", flush=True)

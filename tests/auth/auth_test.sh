@@ -9,6 +9,7 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
+source "$RUNFILES/tests/lib/certs.sh"
 FERRYD="$RUNFILES/server/ferryd"
 FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/auth.XXXXXX")"
@@ -18,28 +19,12 @@ unset FERRY_TOKEN FERRY_TLS_CA FERRY_TLS_CERT FERRY_TLS_KEY FERRY_ADDRESS
 LOG="$WORK/none.log"
 fail() { echo "FAIL: $*" >&2; echo "--- $LOG ---" >&2; tail -30 "$LOG" >&2 || true; exit 1; }
 json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-command -v openssl >/dev/null || fail "openssl is missing: run tools/install_deps.sh"
 
 # --- Certificates: a CA, ferryd's (for 127.0.0.1 and localhost), a client's,
 # and a client's from another CA.
 cd "$WORK"
-ssl() { openssl "$@" >/dev/null 2>&1 || fail "openssl $*"; }
-new_ca() {  # new_ca NAME
-  ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj "/CN=$1" -keyout "$1.key" -out "$1.pem"
-}
-new_cert() {  # new_cert NAME CA EXTENSIONS
-  ssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
-    -keyout "$1.key" -out "$1.csr"
-  printf '%s\n' "$3" >"$1.ext"
-  ssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -days 2 \
-    -extfile "$1.ext" -out "$1.pem"
-  chmod 600 "$1.key"
-}
-new_ca ca
+new_loopback_certs
 new_ca rogue-ca
-new_cert server ca $'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth'
-new_cert client ca $'extendedKeyUsage=clientAuth'
 new_cert rogue rogue-ca $'extendedKeyUsage=clientAuth'
 
 VIEWER="viewer-$(openssl rand -hex 16)"

@@ -31,4 +31,5 @@ scenario_dropped_stream
 scenario_daemon_restart stop_daemon
 scenario_errors
 scenario_snapshot_fallback
+scenario_tls
 echo PASS

@@ -4,6 +4,7 @@
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
+source "$RUNFILES/tests/lib/certs.sh"
 FERRYD="$RUNFILES/server/ferryd"
 PY=/usr/bin/python3
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/clients.XXXXXX")"
@@ -178,6 +179,31 @@ scenario_snapshot_fallback() {
   [ "$(grep -c "snapshot at seq [0-9]*, after seq 0)" "$WORK/fallback.out")" -ge 2 ] \
     || fail "the client did not watch again from a fresh snapshot"
   echo "ok: fell behind the event buffer, started again from a fresh snapshot"
+}
+
+# A ferryd serving TLS and requiring client certificates (mTLS), tokens as
+# before: the client with the CA, its certificate and key runs a job to the
+# end; without a CA it cannot connect (exit 3); half a key pair is bad usage.
+# Restarts the daemon; run it last.
+scenario_tls() {
+  (cd "$WORK" && new_loopback_certs)
+  stop_daemon
+  DAEMON_ARGS+=(--tls_cert="$WORK/server.pem" --tls_key="$WORK/server.key" --tls_client_ca="$WORK/ca.pem")
+  start_daemon
+  grep -q "(TLS, client certificates" "$WORK/ferryd.$STARTS.log" || fail "ferryd does not serve mTLS"
+  run_client tls --address="$DAEMON_ADDRESS" --steps=5 \
+    --tls-ca="$WORK/ca.pem" --tls-cert="$WORK/client.pem" --tls-key="$WORK/client.key"
+  finish_client
+  expect_success "$CLIENT_RC" "$WORK/tls.out" 5
+  set +e
+  "${CLIENT[@]}" --address="$DAEMON_ADDRESS" --steps=1 >"$WORK/plain.out" 2>&1; rc=$?
+  FERRY_TLS_CA="$WORK/ca.pem" "${CLIENT[@]}" --address="$DAEMON_ADDRESS" --steps=1 --tls-cert="$WORK/client.pem" \
+    >"$WORK/half.out" 2>&1; half_rc=$?
+  set -e
+  [ "$rc" -eq 3 ] || fail "a plaintext client against TLS exited $rc, not 3"
+  [ "$half_rc" -eq 2 ] || fail "--tls-cert without --tls-key exited $half_rc, not 2"
+  expect "$WORK/half.out" "tls-cert and --tls-key go together"
+  echo "ok: TLS with a client certificate; plaintext refused; half a key pair is bad usage"
 }
 
 # Refusals: exit 2 naming the field; an unreachable daemon: exit 3.

@@ -34,4 +34,5 @@ scenario_dropped_stream
 scenario_daemon_restart kill_daemon
 scenario_errors
 scenario_snapshot_fallback
+scenario_tls
 echo PASS
