@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/common/safe_path.h"
 
 namespace ferry {
 namespace {
@@ -38,6 +39,13 @@ uint32_t Crc32(const std::string& data) {
   return static_cast<uint32_t>(crc);
 }
 
+// A file name a checkpoint may hold: a plain name inside its directory,
+// not the directory itself, its parent or the manifest.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name != kManifest &&
+         name.find_first_of(std::string("/\0", 2)) == std::string::npos;
+}
+
 std::string DirName(int64_t step) { return absl::StrFormat("step-%012d", step); }
 
 bool ParseDirName(const std::string& name, int64_t* step) {
@@ -54,51 +62,37 @@ absl::Status SyncFd(int fd, const std::string& path) {
 // FIFO waited on.
 absl::Status WriteSynced(int dir, const std::string& name, const std::string& path, const std::string& data) {
   (void)unlinkat(dir, name.c_str(), 0);
-  const int fd = openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", path);
+  UniqueFd fd(openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!fd.valid()) return Errno("cannot create", path);
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
+    const ssize_t n = write(fd.get(), data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const absl::Status s = Errno("cannot write", path);
-      close(fd);
-      return s;
-    }
+    if (n <= 0) return Errno("cannot write", path);
     done += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0) {
-    const absl::Status s = Errno("cannot sync", path);
-    close(fd);
-    return s;
-  }
-  return close(fd) == 0 ? absl::OkStatus() : Errno("cannot close", path);
+  if (fsync(fd.get()) != 0) return Errno("cannot sync", path);
+  return close(fd.Release()) == 0 ? absl::OkStatus() : Errno("cannot close", path);
 }
 
 // Reads the regular file `name` in `dir`; a link, a FIFO or a device there
 // is an error, never followed or waited on.
 absl::StatusOr<std::string> ReadFile(int dir, const std::string& name, const std::string& path) {
-  const int fd = openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
+  const UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!fd.valid()) return Errno("cannot open", path);
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is not a regular file"));
   }
   std::string data;
   char buffer[1 << 16];
   for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    const ssize_t n = read(fd.get(), buffer, sizeof(buffer));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const absl::Status s = Errno("cannot read", path);
-      close(fd);
-      return s;
-    }
+    if (n < 0) return Errno("cannot read", path);
     if (n == 0) break;
     data.append(buffer, static_cast<size_t>(n));
   }
-  close(fd);
   return data;
 }
 
@@ -116,9 +110,9 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
-// The directory `name` in `dir`, not through a link; -1 with errno.
-int OpenDirAt(int dir, const std::string& name) {
-  return openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+// The directory `name` in `dir`, not through a link; invalid with errno.
+UniqueFd OpenDirAt(int dir, const std::string& name) {
+  return UniqueFd(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
 }
 
 std::vector<std::string> ListDir(int dir) {
@@ -147,12 +141,9 @@ void RemoveTree(int dir, const std::string& name, int depth = 0) {
     unlinkat(dir, name.c_str(), 0);
     return;
   }
-  const int sub = OpenDirAt(dir, name);
-  if (sub >= 0) {
-    if (depth < 8) {
-      for (const std::string& entry : ListDir(sub)) RemoveTree(sub, entry, depth + 1);
-    }
-    close(sub);
+  const UniqueFd sub = OpenDirAt(dir, name);
+  if (sub.valid() && depth < 8) {
+    for (const std::string& entry : ListDir(sub.get())) RemoveTree(sub.get(), entry, depth + 1);
   }
   unlinkat(dir, name.c_str(), AT_REMOVEDIR);
 }
@@ -168,12 +159,8 @@ std::vector<int64_t> Steps(int root) {
   return steps;
 }
 
-// The checkpoint root `root`, open; NOT_FOUND when it cannot be opened.
-absl::StatusOr<int> OpenRoot(const std::string& root, const std::string& not_found) {
-  const int fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(not_found);
-  return fd;
-}
+// The checkpoint root `root`, open; invalid with errno.
+UniqueFd OpenRoot(const std::string& root) { return UniqueFd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); }
 
 std::string Manifest(const CheckpointContents& c) {
   std::string m = absl::StrCat("format ", kFormatVersion, "\nstep ", c.step, "\n");
@@ -186,13 +173,9 @@ std::string Manifest(const CheckpointContents& c) {
 
 // Reads and verifies one checkpoint directory; the error says what is wrong.
 absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::string& dir, int64_t step) {
-  const int dir_fd = OpenDirAt(root_fd, DirName(step));
-  if (dir_fd < 0) return absl::DataLossError(absl::StrCat("cannot open it: ", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{dir_fd};
-  absl::StatusOr<std::string> text = ReadFile(dir_fd, kManifest, dir + "/" + kManifest);
+  const UniqueFd dir_fd = OpenDirAt(root_fd, DirName(step));
+  if (!dir_fd.valid()) return absl::DataLossError(absl::StrCat("cannot open it: ", std::strerror(errno)));
+  absl::StatusOr<std::string> text = ReadFile(dir_fd.get(), kManifest, dir + "/" + kManifest);
   if (!text.ok()) return absl::DataLossError("no readable MANIFEST (an unfinished write?)");
   absl::StatusOr<CheckpointManifest> manifest = ParseManifest(*text);
   if (!manifest.ok()) return manifest.status();
@@ -203,7 +186,7 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::str
   c.step = manifest->step;
   c.meta = std::move(manifest->meta);
   for (const CheckpointManifest::File& file : manifest->files) {
-    absl::StatusOr<std::string> data = ReadFile(dir_fd, file.name, dir + "/" + file.name);
+    absl::StatusOr<std::string> data = ReadFile(dir_fd.get(), file.name, dir + "/" + file.name);
     if (!data.ok()) return absl::DataLossError(absl::StrCat(file.name, ": missing"));
     if (data->size() != file.size) {
       return absl::DataLossError(absl::StrCat(file.name, ": ", data->size(),
@@ -247,11 +230,10 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text) {
           !absl::SimpleHexAtoi(parts[2], &file.crc32)) {
         return absl::DataLossError(absl::StrCat("MANIFEST: bad file line '", line, "'"));
       }
-      // Only plain names the writer accepts: never a path out of the
-      // checkpoint's directory, nor the directory or the manifest itself.
+      // Only names the writer accepts: never a path out of the checkpoint's
+      // directory, nor the directory or the manifest itself.
       file.name = std::move(parts[0]);
-      if (file.name.empty() || file.name == "." || file.name == ".." || file.name == kManifest ||
-          file.name.find_first_of(std::string("/\0", 2)) != std::string::npos) {
+      if (!IsPlainFileName(file.name)) {
         return absl::DataLossError(absl::StrCat("MANIFEST: bad file name in '", line, "'"));
       }
       m.files.push_back(std::move(file));
@@ -267,11 +249,9 @@ std::string Fingerprint(const std::string& bytes) {
 
 absl::Status WriteCheckpoint(const std::string& root, const CheckpointContents& contents, int keep) {
   if (absl::Status s = MakeDirs(root); !s.ok()) return s;
-  const int root_fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root_fd < 0) return Errno("cannot open", root);
-  const absl::Status s = WriteCheckpointIn(root_fd, root, contents, keep);
-  close(root_fd);
-  return s;
+  const UniqueFd root_fd = OpenRoot(root);
+  if (!root_fd.valid()) return Errno("cannot open", root);
+  return WriteCheckpointIn(root_fd.get(), root, contents, keep);
 }
 
 absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const CheckpointContents& contents, int keep) {
@@ -283,31 +263,27 @@ absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const Check
   const std::string tmp_name = absl::StrCat(".tmp-", name, "-", getpid());
   const std::string tmp = absl::StrCat(root, "/", tmp_name);
   if (mkdirat(root_fd, tmp_name.c_str(), 0755) != 0) return Errno("cannot create", tmp);
-  const int tmp_fd = OpenDirAt(root_fd, tmp_name);
-  if (tmp_fd < 0) {
+  const UniqueFd tmp_fd = OpenDirAt(root_fd, tmp_name);
+  if (!tmp_fd.valid()) {
     const absl::Status s = Errno("cannot open", tmp);
     RemoveTree(root_fd, tmp_name);
     return s;
   }
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{tmp_fd};
   auto fail = [&](absl::Status s) {
     RemoveTree(root_fd, tmp_name);
     return s;
   };
   for (const auto& [file, data] : contents.files) {
-    if (file.empty() || file.find('/') != std::string::npos || file == kManifest) {
+    if (!IsPlainFileName(file)) {
       return fail(absl::InvalidArgumentError(absl::StrCat("checkpoint: bad file name '", file, "'")));
     }
-    if (absl::Status s = WriteSynced(tmp_fd, file, tmp + "/" + file, data); !s.ok()) return fail(s);
+    if (absl::Status s = WriteSynced(tmp_fd.get(), file, tmp + "/" + file, data); !s.ok()) return fail(s);
   }
   // The manifest last: a directory with one is complete.
-  if (absl::Status s = WriteSynced(tmp_fd, kManifest, tmp + "/" + kManifest, Manifest(contents)); !s.ok()) {
+  if (absl::Status s = WriteSynced(tmp_fd.get(), kManifest, tmp + "/" + kManifest, Manifest(contents)); !s.ok()) {
     return fail(s);
   }
-  if (absl::Status s = SyncFd(tmp_fd, tmp); !s.ok()) return fail(s);
+  if (absl::Status s = SyncFd(tmp_fd.get(), tmp); !s.ok()) return fail(s);
   const std::string final_dir = root + "/" + name;
   RemoveTree(root_fd, name);  // an older write of the same step
   if (renameat(root_fd, tmp_name.c_str(), root_fd, name.c_str()) != 0) {
@@ -330,11 +306,9 @@ absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const Check
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root) {
-  absl::StatusOr<int> root_fd = OpenRoot(root, absl::StrCat("no usable checkpoint in ", root));
-  if (!root_fd.ok()) return root_fd.status();
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpointIn(*root_fd, root);
-  close(*root_fd);
-  return loaded;
+  const UniqueFd root_fd = OpenRoot(root);
+  if (!root_fd.valid()) return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", root));
+  return LoadLatestCheckpointIn(root_fd.get(), root);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpointIn(int root_fd, const std::string& root) {
@@ -359,11 +333,9 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpointIn(int root_fd, const std::
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointAt(const std::string& root, int64_t step) {
-  absl::StatusOr<int> root_fd = OpenRoot(root, absl::StrCat("no checkpoint of step ", step, " in ", root));
-  if (!root_fd.ok()) return root_fd.status();
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointIn(*root_fd, root, step);
-  close(*root_fd);
-  return loaded;
+  const UniqueFd root_fd = OpenRoot(root);
+  if (!root_fd.valid()) return absl::NotFoundError(absl::StrCat("no checkpoint of step ", step, " in ", root));
+  return LoadCheckpointIn(root_fd.get(), root, step);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointIn(int root_fd, const std::string& root, int64_t step) {
