@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ferry/v1/options.pb.h"
+#include "google/protobuf/stubs/common.h"
 #include "server/spec/size.h"
 
 namespace ferry {
@@ -94,42 +95,6 @@ std::string ResolvePath(absl::string_view value, absl::string_view base_dir) {
   while (absl::ConsumePrefix(&rest, "./")) {
   }
   return absl::StrCat(base_dir, base_dir.back() == '/' ? "" : "/", rest);
-}
-
-// Well-formed UTF-8: no stray continuation bytes, overlong forms, surrogates
-// or code points above U+10FFFF.
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= n) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n + 1;
-  }
-  return true;
 }
 
 template <typename T>
@@ -226,8 +191,9 @@ absl::Status SetScalar(const YAML::Node& node, Message* message, const FieldDesc
     }
     case FieldDescriptor::CPPTYPE_STRING: {
       // A string field that is not UTF-8 could not be sent: protobuf refuses
-      // to serialize or parse one.
-      if (f->type() == FieldDescriptor::TYPE_STRING && !IsValidUtf8(text)) {
+      // to serialize or parse one, by this check.
+      if (f->type() == FieldDescriptor::TYPE_STRING &&
+          !google::protobuf::internal::IsStructurallyValidUTF8(text.data(), static_cast<int>(text.size()))) {
         return Error(path, "is not valid UTF-8 text");
       }
       std::string v = text;
