@@ -271,12 +271,14 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
   const uint64_t replicas_here = machine.ranks_share_host ? data : 1;
   const int64_t params = ToGptConfig(spec.model()).ParameterCount();
   const uint64_t state = TrainingStateBytes(spec.model());
-  const uint64_t per_rank_share = machine.ranks_share_host ? 1 : tensor;
-  const uint64_t model_bytes = SaturatingMul(state, replicas_here) / per_rank_share;
+  // Of bytes for the whole model, what this machine holds: every replica
+  // here, or one rank's tensor-parallel share.
+  auto here = [&](uint64_t whole) {
+    return machine.ranks_share_host ? SaturatingMul(whole, replicas_here) : whole / tensor;
+  };
+  const uint64_t model_bytes = here(state);
   const uint64_t snapshot_bytes =
-      spec.checkpoint().dir().empty()
-          ? 0
-          : SaturatingMul(static_cast<uint64_t>(std::max<int64_t>(params, 0)) * 12, replicas_here) / per_rank_share;
+      spec.checkpoint().dir().empty() ? 0 : here(static_cast<uint64_t>(std::max<int64_t>(params, 0)) * 12);
   const uint64_t needed = SaturatingAdd(model_bytes, snapshot_bytes);
   const uint64_t host = m.host_budget() > 0
                             ? std::min(SaturatingMul(m.host_budget(), ranks_here), machine.host_memory_bytes)
