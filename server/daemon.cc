@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <pwd.h>
-#include <sys/stat.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -239,9 +238,7 @@ absl::Status Daemon::Start() {
   }
   authorized_service_ = std::make_unique<AuthorizedFerryService>(
       service_.get(), authorizer_.get(), [metrics = metrics_.get()](absl::string_view method, grpc::StatusCode code) {
-        metrics->OnCallRefused(std::string(method), code == grpc::StatusCode::UNAUTHENTICATED
-                                                        ? "UNAUTHENTICATED"
-                                                        : "PERMISSION_DENIED");
+        metrics->OnCallRefused(std::string(method), std::string(RefusalCodeName(code)));
       });
   const bool tls = !options_.tls_cert.empty();
   if (!IsLoopback(HostOf(options_.listen)) && (!tls || options_.tokens_file.empty())) {

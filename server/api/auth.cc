@@ -100,6 +100,10 @@ grpc::Status Authorizer::Check(absl::string_view method,
   return grpc::Status::OK;
 }
 
+absl::string_view RefusalCodeName(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED" : "PERMISSION_DENIED";
+}
+
 std::optional<std::string> RefusalLog::Line(absl::string_view method, absl::string_view peer,
                                             const grpc::Status& status, int64_t now_ms) {
   absl::MutexLock lock(&mu_);
@@ -112,9 +116,7 @@ std::optional<std::string> RefusalLog::Line(absl::string_view method, absl::stri
     return std::nullopt;
   }
   ration_ -= 1;
-  std::string line = absl::StrCat("refused ", method, " from ", peer, ": ",
-                                  status.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED"
-                                                                                           : "PERMISSION_DENIED",
+  std::string line = absl::StrCat("refused ", method, " from ", peer, ": ", RefusalCodeName(status.error_code()),
                                   ": ", status.error_message());
   if (unlogged_ > 0) {
     absl::StrAppend(&line, " (and ", unlogged_, " more refusals since the previous line were not logged)");

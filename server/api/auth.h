@@ -55,6 +55,9 @@ class Authorizer {
 // (UNAUTHENTICATED or PERMISSION_DENIED), e.g. to count it.
 using RefusalObserver = std::function<void(absl::string_view method, grpc::StatusCode code)>;
 
+// The name of a refusal's code: "UNAUTHENTICATED" or "PERMISSION_DENIED".
+absl::string_view RefusalCodeName(grpc::StatusCode code);
+
 // The log line of a refusal: the method, the caller's address, the code and
 // the reason (which never holds the token). Lines are rationed so that a
 // flood of refusals cannot fill the log: a burst of 10, then one a second;
