@@ -330,14 +330,10 @@ void JobRegistry::RecordProgress(const std::string& id, const ferry::v1::Progres
   *record->job.mutable_progress() = progress;
   if (!record->job.has_initial_loss()) record->job.set_initial_loss(progress.loss());
   const absl::Time now = absl::Now();
+  record->progress_event_pending = true;
   if (now - record->progress_event_time >= options_.progress_event_interval) {
-    JobEvent event;
-    *event.mutable_progress() = progress;
-    record->events->Append(std::move(event));
+    FlushProgressEvent(*record);
     record->progress_event_time = now;
-    record->progress_event_pending = false;
-  } else {
-    record->progress_event_pending = true;
   }
   if (now - record->progress_written >= options_.progress_write_interval) {
     record->progress_written = now;

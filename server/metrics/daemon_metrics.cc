@@ -1,10 +1,11 @@
 #include "server/metrics/daemon_metrics.h"
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "server/common/enum_names.h"
+#include "server/common/proto_time.h"
 
 namespace ferry {
 namespace {
@@ -12,9 +13,7 @@ namespace {
 const char* const kTiers[] = {"device", "host"};
 const char* const kKinds[] = {"param", "grad", "optimizer", "activation"};
 
-double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double UnixSeconds(absl::Time t = absl::Now()) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
 
 const prometheus::Histogram::BucketBoundaries kCheckpointBuckets = {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1,
                                                                      2.5,   5,    10,   30,  60,   120, 300};
@@ -247,9 +246,7 @@ void DaemonMetrics::OnCheckpoint(const ferry::v1::CheckpointInfo& checkpoint) {
   checkpoints_.Add({{"result", "written"}}).Increment();
   checkpoint_duration_.Add({{"part", "blocking"}}, kCheckpointBuckets).Observe(checkpoint.blocking_seconds());
   checkpoint_duration_.Add({{"part", "total"}}, kCheckpointBuckets).Observe(checkpoint.total_seconds());
-  last_checkpoint_time_.Set(checkpoint.has_time() ? static_cast<double>(checkpoint.time().seconds()) +
-                                                        checkpoint.time().nanos() * 1e-9
-                                                  : UnixSeconds());
+  last_checkpoint_time_.Set(UnixSeconds(checkpoint.has_time() ? FromProtoTime(checkpoint.time()) : absl::Now()));
   last_checkpoint_step_.Set(static_cast<double>(checkpoint.step()));
   last_checkpoint_bytes_.Set(static_cast<double>(checkpoint.bytes()));
 }
