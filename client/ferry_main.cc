@@ -1,9 +1,7 @@
 // ferry: the command line client of ferryd.
 
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +11,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "server/common/files.h"
 #include "server/common/version.h"
 
 ABSL_FLAG(std::string, address, "", "ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051).");
@@ -48,13 +47,12 @@ std::string FlagOrEnv(const std::string& flag, const char* env) {
 }
 
 bool ReadPem(const char* flag, const char* env, const std::string& path, std::string* pem) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (!in || !(text << in.rdbuf())) {
+  absl::StatusOr<std::string> text = ferry::ReadFileToString(path);
+  if (!text.ok()) {
     std::cerr << "ferry: --" << flag << " (or " << env << ") = " << path << ": cannot read it\n";
     return false;
   }
-  *pem = text.str();
+  *pem = *std::move(text);
   return true;
 }
 

@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <glog/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -80,15 +78,13 @@ void WarnIfOpen(const char* flag, const std::string& path) {
 // Reads a PEM file named by --`flag`; `kind` is what its BEGIN line names
 // ("CERTIFICATE", "PRIVATE KEY").
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* kind) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (!in || !(text << in.rdbuf())) {
-    return absl::FailedPreconditionError(absl::StrCat("--", flag, "=", path, ": cannot read it (",
-                                                      std::strerror(errno), ")"));
+  absl::StatusOr<std::string> pem = ReadFileToString(path);
+  if (!pem.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--", flag, "=", path, ": cannot read it (", pem.status().message(), ")"));
   }
-  const std::string pem = text.str();
-  const size_t begin = pem.find("-----BEGIN ");
-  if (begin == std::string::npos || pem.find(kind, begin) == std::string::npos) {
+  const size_t begin = pem->find("-----BEGIN ");
+  if (begin == std::string::npos || pem->find(kind, begin) == std::string::npos) {
     return absl::FailedPreconditionError(absl::StrCat("--", flag, "=", path, ": not a PEM ",
                                                       absl::AsciiStrToLower(kind), " (no -----BEGIN ",
                                                       kind, "----- line)"));

@@ -7,10 +7,19 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
 namespace ferry {
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (!in || !(text << in.rdbuf())) return absl::FailedPreconditionError(std::strerror(errno));
+  return text.str();
+}
 
 absl::Status MakeDirs(const std::string& path) {
   for (size_t i = 1; i <= path.size(); ++i) {

@@ -3,9 +3,14 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace ferry {
+
+// The whole contents of the file `path`; an error's message is the reason
+// it cannot be read (strerror).
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Creates `path` and its missing parents (mode 0755).
 absl::Status MakeDirs(const std::string& path);
