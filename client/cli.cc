@@ -154,6 +154,10 @@ class Cli {
   int Completion(const std::vector<std::string>& args);
   // Structured output (-o json or -o yaml) of JSON text.
   std::string Structured(const std::string& json) const { return options_.yaml ? JsonToYaml(json) : json; }
+  // The same for one of a stream of objects (watch, top): YAML as documents.
+  std::string StructuredItem(const std::string& json) const {
+    return options_.yaml ? "---\n" + JsonToYaml(json) : json;
+  }
 
   const CliOptions& options_;
   std::ostream& out_;
@@ -311,7 +315,7 @@ int Cli::Watch(const std::string& id, bool quiet_start) {
     JobEvent event;
     while (reader->Read(&event)) {
       failing_since = absl::InfiniteFuture();
-      if (options_.json) out_ << (options_.yaml ? "---\n" + JsonToYaml(ToJson(event, false)) : ToJson(event, false));
+      if (options_.json) out_ << StructuredItem(ToJson(event, false));
       if (event.has_snapshot()) {
         const Job& job = event.snapshot();
         state = job.state();
@@ -487,8 +491,8 @@ int Cli::Top(const std::vector<std::string>& args) {
     const bool ended = IsTerminalState(job.state());
     if (options_.json) {
       // One object per refresh: the job and (once known) its placement.
-      out_ << (options_.yaml ? "---\n" + JsonToYaml(ToJson(job, false)) : ToJson(job, false));
-      if (have_placement) out_ << (options_.yaml ? "---\n" + JsonToYaml(ToJson(placement, false)) : ToJson(placement, false));
+      out_ << StructuredItem(ToJson(job, false));
+      if (have_placement) out_ << StructuredItem(ToJson(placement, false));
     } else {
       const char* columns = std::getenv("COLUMNS");
       int width = 100;
