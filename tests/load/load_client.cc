@@ -122,9 +122,19 @@ bool IsEnded(ferry::v1::JobState s) {
 }
 
 
+// Training in the windows of one kind, as the job's progress tells it.
 struct Throughput {
-  double tokens_per_second = 0;
+  double tokens = 0;
+  double seconds = 0;
   uint64_t steps = 0;
+
+  // Adds the window between two answers of GetJob.
+  void Add(const Job& from, const Job& to) {
+    tokens += static_cast<double>(to.progress().tokens() - from.progress().tokens());
+    seconds += to.progress().elapsed_seconds() - from.progress().elapsed_seconds();
+    steps += to.progress().step() - from.progress().step();
+  }
+  double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0; }
 };
 
 
@@ -196,8 +206,7 @@ int main(int argc, char** argv) {
   const absl::Duration half = window / 2;
   const uint64_t rss_before = DaemonRssBytes(pid);
   uint64_t rss_max = rss_before;
-  double base_tokens = 0, base_seconds = 0, watched_tokens = 0, watched_seconds = 0;
-  uint64_t base_steps = 0, watched_steps = 0;
+  Throughput base, watched;
   std::vector<WatcherResult> results(static_cast<size_t>(watchers));
   std::atomic<uint64_t> ops{0};
   const int rounds = 2;
@@ -208,10 +217,7 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_ops_per_second));
     Job a = Get(*stub, id);
     absl::SleepFor(half);
-    Job b = Get(*stub, id);
-    base_tokens += static_cast<double>(b.progress().tokens() - a.progress().tokens());
-    base_seconds += b.progress().elapsed_seconds() - a.progress().elapsed_seconds();
-    base_steps += b.progress().step() - a.progress().step();
+    base.Add(a, Get(*stub, id));
 
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
     std::vector<WatcherResult> round_results(static_cast<size_t>(watchers));
@@ -270,10 +276,7 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Seconds(1));  // every watcher has its snapshot
     Job c = Get(*stub, id);
     absl::SleepFor(half);
-    Job d = Get(*stub, id);
-    watched_tokens += static_cast<double>(d.progress().tokens() - c.progress().tokens());
-    watched_seconds += d.progress().elapsed_seconds() - c.progress().elapsed_seconds();
-    watched_steps += d.progress().step() - c.progress().step();
+    watched.Add(c, Get(*stub, id));
     stop.store(true);
     traffic.join();
     sampler.join();
@@ -296,11 +299,6 @@ int main(int argc, char** argv) {
     }
   }
   const uint64_t rss_after = DaemonRssBytes(pid);
-  Throughput base, watched;
-  base.tokens_per_second = base_seconds > 0 ? base_tokens / base_seconds : 0;
-  base.steps = base_steps;
-  watched.tokens_per_second = watched_seconds > 0 ? watched_tokens / watched_seconds : 0;
-  watched.steps = watched_steps;
 
   // 3. Checks.
   uint64_t gaps = 0, unfinished = 0, failed_streams = 0, fewest = UINT64_MAX, most = 0;
@@ -311,14 +309,14 @@ int main(int argc, char** argv) {
     fewest = std::min(fewest, r.events);
     most = std::max(most, r.events);
   }
-  const double ratio = base.tokens_per_second > 0 ? watched.tokens_per_second / base.tokens_per_second : 0;
+  const double ratio = base.tokens_per_second() > 0 ? watched.tokens_per_second() / base.tokens_per_second() : 0;
   const double growth_mib = (static_cast<double>(rss_max) - static_cast<double>(rss_before)) / (1 << 20);
   const bool alive = pid <= 0 || DaemonRssBytes(pid) > 0;
   std::printf("%-44s %s\n", "check", "figure");
-  std::printf("%-44s %.0f tok/s (%llu steps)\n", "throughput, unwatched windows", base.tokens_per_second,
+  std::printf("%-44s %.0f tok/s (%llu steps)\n", "throughput, unwatched windows", base.tokens_per_second(),
               static_cast<unsigned long long>(base.steps));
   std::printf("%-44s %.0f tok/s (%llu steps), %.3fx\n", "throughput, watched windows with traffic",
-              watched.tokens_per_second, static_cast<unsigned long long>(watched.steps), ratio);
+              watched.tokens_per_second(), static_cast<unsigned long long>(watched.steps), ratio);
   std::printf("%-44s %d watchers, %llu-%llu events each, %llu gaps, %llu without the end, %llu failed\n",
               "watchers", watchers, static_cast<unsigned long long>(fewest), static_cast<unsigned long long>(most),
               static_cast<unsigned long long>(gaps), static_cast<unsigned long long>(unfinished),
@@ -333,8 +331,8 @@ int main(int argc, char** argv) {
         " \"unwatched_tokens_per_second\": %.1f, \"watched_tokens_per_second\": %.1f, \"throughput_ratio\": %.4f,\n"
         " \"event_gaps\": %d, \"watchers_without_end\": %d, \"failed_streams\": %d, \"events_per_watcher_min\": %d,\n"
         " \"daemon_rss_before_bytes\": %d, \"daemon_rss_peak_bytes\": %d, \"daemon_rss_after_bytes\": %d}\n",
-        watchers, absl::ToDoubleSeconds(window), ops.load(), errors.load(), base.tokens_per_second,
-        watched.tokens_per_second, ratio, gaps, unfinished, failed_streams, fewest, rss_before, rss_max, rss_after);
+        watchers, absl::ToDoubleSeconds(window), ops.load(), errors.load(), base.tokens_per_second(),
+        watched.tokens_per_second(), ratio, gaps, unfinished, failed_streams, fewest, rss_before, rss_max, rss_after);
   }
   bool ok = true;
   auto check = [&ok](bool good, const std::string& what) {
