@@ -4,24 +4,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "engine/checkpoint/test_files.h"
 
 namespace ferry {
 namespace {
-
-std::string FreshRoot(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string root = std::string(tmp ? tmp : "/tmp") + "/" + name;
-  std::system(("rm -rf '" + root + "'").c_str());
-  return root;
-}
 
 CheckpointContents At(int64_t step) {
   CheckpointContents c;
@@ -49,7 +41,7 @@ class Results {
 };
 
 TEST(AsyncCheckpointWriterTest, WritesCompleteOnDiskInTheBackground) {
-  const std::string root = FreshRoot("async_complete");
+  const std::string root = testing::EmptyTestPath("async_complete");
   Results results;
   {
     AsyncCheckpointWriter writer([&](const CheckpointContents& c) { return WriteCheckpoint(root, c, 2); },
@@ -157,7 +149,7 @@ TEST(AsyncCheckpointWriterTest, AFailedWriteIsReportedOnceAndLaterWritesGoOn) {
 }
 
 TEST(AsyncCheckpointWriterTest, WaitReturnsTheLastWritesErrorAndTheStoreKeepsThePrevious) {
-  const std::string root = FreshRoot("async_error");
+  const std::string root = testing::EmptyTestPath("async_error");
   AsyncCheckpointWriter writer([&](const CheckpointContents& c) { return WriteCheckpoint(root, c, 2); });
   ASSERT_TRUE(writer.Submit(At(100)).ok());
   ASSERT_TRUE(writer.Wait().ok());

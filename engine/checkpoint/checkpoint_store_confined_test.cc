@@ -7,20 +7,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "engine/checkpoint/checkpoint_store.h"
+#include "engine/checkpoint/test_files.h"
 
 namespace ferry {
 namespace {
 
+using testing::Slurp;
+
+// An empty directory for the test.
 std::string Fresh(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/confined-" + name;
-  std::system(("rm -rf '" + dir + "'").c_str());
+  const std::string dir = testing::EmptyTestPath("confined-" + name);
   EXPECT_EQ(mkdir(dir.c_str(), 0755), 0);
   return dir;
 }
@@ -31,13 +31,6 @@ CheckpointContents At(int64_t step) {
   c.meta["training"] = "t1";
   c.files["rank0.model"] = std::string(100, 'm') + std::to_string(step);
   return c;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 bool Exists(const std::string& path) {

@@ -7,21 +7,17 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/test_files.h"
 
 namespace ferry {
 namespace {
 
-std::string FreshRoot(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string root = std::string(tmp ? tmp : "/tmp") + "/" + name;
-  std::system(("rm -rf '" + root + "'").c_str());
-  return root;
-}
+using testing::EmptyTestPath;
+using testing::Slurp;
+using testing::Spit;
 
 CheckpointContents At(int64_t step) {
   CheckpointContents c;
@@ -38,17 +34,8 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void Spit(const std::string& path, const std::string& data) { std::ofstream(path, std::ios::binary) << data; }
-
 TEST(CheckpointStoreTest, RoundTripsAndKeepsTheNewest) {
-  const std::string root = FreshRoot("roundtrip");
+  const std::string root = EmptyTestPath("roundtrip");
   for (int64_t step : {100, 200, 300}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 2).ok());
   absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -65,7 +52,7 @@ TEST(CheckpointStoreTest, RoundTripsAndKeepsTheNewest) {
 // count the newer one when pruning: with keep 1 it would delete the step it
 // just wrote and keep only the damaged one.
 TEST(CheckpointStoreTest, PruningIgnoresStepsAfterTheOneWritten) {
-  const std::string root = FreshRoot("resumed");
+  const std::string root = EmptyTestPath("resumed");
   for (int64_t step : {100, 200}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 2).ok());
   Spit(root + "/step-000000000200/rank0.model", "damaged");
   ASSERT_TRUE(WriteCheckpoint(root, At(150), 1).ok());
@@ -79,7 +66,7 @@ TEST(CheckpointStoreTest, PruningIgnoresStepsAfterTheOneWritten) {
 }
 
 TEST(CheckpointStoreTest, LoadsAnOlderStep) {
-  const std::string root = FreshRoot("at_step");
+  const std::string root = EmptyTestPath("at_step");
   for (int64_t step : {100, 200}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 3).ok());
   absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointAt(root, 100);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -94,7 +81,7 @@ TEST(CheckpointStoreTest, LoadsAnOlderStep) {
 }
 
 TEST(CheckpointStoreTest, NothingThereIsNotFound) {
-  const std::string root = FreshRoot("empty");
+  const std::string root = EmptyTestPath("empty");
   EXPECT_EQ(LoadLatestCheckpoint(root).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -102,7 +89,7 @@ TEST(CheckpointStoreTest, NothingThereIsNotFound) {
 // `latest` unchanged): the previous checkpoint is used, and the next write
 // clears the leftovers.
 TEST(CheckpointStoreTest, AnUnfinishedWriteIsIgnored) {
-  const std::string root = FreshRoot("crash");
+  const std::string root = EmptyTestPath("crash");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
   const std::string leftover = root + "/.tmp-step-000000000200-999";
   ASSERT_EQ(mkdir(leftover.c_str(), 0755), 0);
@@ -126,7 +113,7 @@ TEST(CheckpointStoreTest, AnUnfinishedWriteIsIgnored) {
 // Flipped bytes and truncation are caught by the manifest's checksums and
 // sizes; the previous checkpoint is used and the reason given.
 TEST(CheckpointStoreTest, DamagedCheckpointsAreSkippedWithTheReason) {
-  const std::string root = FreshRoot("damaged");
+  const std::string root = EmptyTestPath("damaged");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
   ASSERT_TRUE(WriteCheckpoint(root, At(200), 3).ok());
   const std::string model = root + "/step-000000000200/rank0.model";
@@ -151,7 +138,7 @@ TEST(CheckpointStoreTest, DamagedCheckpointsAreSkippedWithTheReason) {
 // `latest` is a pointer for people: a crash after the rename but before it
 // was updated leaves the newer, complete checkpoint, which is used.
 TEST(CheckpointStoreTest, TheNewestCompleteCheckpointWinsOverLatest) {
-  const std::string root = FreshRoot("latest");
+  const std::string root = EmptyTestPath("latest");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
   ASSERT_TRUE(WriteCheckpoint(root, At(200), 3).ok());
   Spit(root + "/latest", "garbage");
@@ -163,14 +150,14 @@ TEST(CheckpointStoreTest, TheNewestCompleteCheckpointWinsOverLatest) {
 }
 
 TEST(CheckpointStoreTest, WriteErrorsNameThePathAndLeaveThePreviousOne) {
-  const std::string root = FreshRoot("errors");
+  const std::string root = EmptyTestPath("errors");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
   CheckpointContents bad = At(200);
   bad.files["../escape"] = "x";
   absl::Status s = WriteCheckpoint(root, bad, 3);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadLatestCheckpoint(root)->contents.step, 100);
-  const std::string file_root = FreshRoot("a_file");
+  const std::string file_root = EmptyTestPath("a_file");
   Spit(file_root, "not a directory");
   s = WriteCheckpoint(file_root + "/ckpt", At(1), 1);
   EXPECT_FALSE(s.ok());
@@ -181,7 +168,7 @@ TEST(CheckpointStoreTest, WriteErrorsNameThePathAndLeaveThePreviousOne) {
 // writes as a full disk does) reports the path and the cause, leaves the
 // previous checkpoint as it was, and leaves no partial directory.
 TEST(CheckpointStoreTest, RunningOutOfRoomKeepsThePreviousCheckpoint) {
-  const std::string root = FreshRoot("full");
+  const std::string root = EmptyTestPath("full");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
   CheckpointContents big = At(200);
   big.files["rank0.model"] = std::string(64 << 10, 'b');
@@ -204,7 +191,7 @@ TEST(CheckpointStoreTest, RunningOutOfRoomKeepsThePreviousCheckpoint) {
 }
 
 TEST(CheckpointStoreTest, ParsesTheManifestItWrites) {
-  const std::string root = FreshRoot("manifest");
+  const std::string root = EmptyTestPath("manifest");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 1).ok());
   absl::StatusOr<CheckpointManifest> m = ParseManifest(Slurp(root + "/step-000000000100/MANIFEST"));
   ASSERT_TRUE(m.ok()) << m.status();
@@ -221,7 +208,7 @@ TEST(CheckpointStoreTest, ParsesTheManifestItWrites) {
 // step is the directory's: one that says otherwise (damaged, or written by
 // hand) is skipped, never followed to another file.
 TEST(CheckpointStoreTest, AManifestCannotPointOutsideItsCheckpoint) {
-  const std::string root = FreshRoot("escape");
+  const std::string root = EmptyTestPath("escape");
   ASSERT_TRUE(WriteCheckpoint(root, At(100), 3).ok());
   ASSERT_TRUE(WriteCheckpoint(root, At(200), 3).ok());
   const std::string secret = std::string(1000, 'a') + "100";
