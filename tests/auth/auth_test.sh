@@ -10,15 +10,11 @@ set -euo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
 source "$RUNFILES/tests/lib/certs.sh"
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/auth.XXXXXX")"
-PY=/usr/bin/python3
 unset FERRY_TOKEN FERRY_TLS_CA FERRY_TLS_CERT FERRY_TLS_KEY FERRY_ADDRESS
 
 LOG="$WORK/none.log"
 fail() { echo "FAIL: $*" >&2; echo "--- $LOG ---" >&2; tail -30 "$LOG" >&2 || true; exit 1; }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 # --- Certificates: a CA, ferryd's (for 127.0.0.1 and localhost), a client's,
 # and a client's from another CA.

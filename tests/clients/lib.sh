@@ -5,8 +5,6 @@
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
 source "$RUNFILES/tests/lib/certs.sh"
-FERRYD="$RUNFILES/server/ferryd"
-PY=/usr/bin/python3
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/clients.XXXXXX")"
 STATE="$WORK/state"
 DAEMON=""

@@ -5,14 +5,10 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 EXAMPLE="$RUNFILES/examples/gpt2-tiny.yaml"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/e2e.XXXXXX")"
-PY=/usr/bin/python3
 
 fail() { echo "FAIL: $*" >&2; echo "--- ferryd log ---" >&2; tail -40 "$WORK/ferryd.log" >&2 || true; exit 1; }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 "$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --ready_file="$WORK/ready.json" >"$WORK/ferryd.log" 2>&1 &

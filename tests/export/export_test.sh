@@ -8,14 +8,10 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 WORKER="$RUNFILES/server/ferry-worker"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/export.XXXXXX")"
-PY=/usr/bin/python3
 
 fail() { echo "FAIL: $*" >&2; echo "--- ferryd log ---" >&2; tail -40 "$WORK/ferryd.log" >&2 || true; exit 1; }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 "$PY" -c "import torch" 2>/dev/null || fail "python3-torch is not installed (tools/install_deps.sh installs it)"
 

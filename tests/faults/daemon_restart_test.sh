@@ -7,11 +7,8 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/restart.XXXXXX")"
 STATE="$WORK/state"
-PY=/usr/bin/python3
 DAEMON=""
 STARTS=0
 
@@ -20,7 +17,6 @@ fail() {
   for f in "$WORK"/ferryd.*.log; do echo "--- $f" >&2; tail -15 "$f" >&2; done
   exit 1
 }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 cleanup() { [ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
 

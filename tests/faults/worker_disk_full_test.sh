@@ -94,8 +94,6 @@ echo "full disk: reported, step 50 kept, final loss $FULL = $CALM; on_error: fai
 
 # Through ferryd: the job's events carry the warning and it succeeds; with
 # on_error: fail it fails naming the cause; the daemon serves on.
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 "$FERRYD" --state_dir="$WORK/state" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --ready_file="$WORK/ready.json" \
   >"$WORK/ferryd.out" 2>&1 &
 DAEMON=$!

@@ -1,5 +1,14 @@
-# Shell helpers for tests that run ferryd. Source it after defining
-# fail() (which prints its message, and any logs, and exits 1).
+# Shell helpers for tests that run ferryd. Source it with RUNFILES set (the
+# runfiles' ferry directory); define fail() (which prints its message, and
+# any logs, and exits 1) before calling them.
+
+FERRYD="$RUNFILES/server/ferryd"
+FERRY="$RUNFILES/client/ferry"
+PY=/usr/bin/python3
+
+# json EXPR: evaluates the Python expression EXPR on the JSON document read
+# from stdin (as d) and prints it: json "d['id']" <<<"$(ferry get ID -o json)".
+json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 # wait_ready PID READY_FILE: waits up to 60 s for the ferryd started as PID
 # to write its --ready_file; fails if it exits first or never does. Then
@@ -12,6 +21,6 @@ wait_ready() {
     sleep 0.1
   done
   [ -s "$file" ] || fail "ferryd did not become ready in 60 s"
-  READY_ADDRESS="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'])" "$file")"
-  READY_METRICS="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('metrics_listen', ''))" "$file")"
+  READY_ADDRESS="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'])" "$file")"
+  READY_METRICS="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('metrics_listen', ''))" "$file")"
 }

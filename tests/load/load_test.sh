@@ -6,10 +6,8 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
-FERRYD="$RUNFILES/server/ferryd"
 CLIENT="$RUNFILES/tests/load/load_client"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/load.XXXXXX")"
-PY=/usr/bin/python3
 SECONDS_EACH="${FERRY_LOAD_SECONDS:-60}"
 
 fail() { echo "FAIL: $*" >&2; tail -20 "$WORK/ferryd.log" >&2 || true; exit 1; }

@@ -10,12 +10,9 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 DEPLOY="$RUNFILES/deploy"
 NAMES="$RUNFILES/tests/monitoring/promql_names.py"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/monitoring.XXXXXX")"
-PY=/usr/bin/python3
 DAEMON=""
 PROM=""
 
@@ -29,7 +26,6 @@ cleanup() {
   for p in $PROM $DAEMON; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 for tool in prometheus promtool curl; do
   command -v "$tool" >/dev/null || fail "$tool is not installed; run tools/install_deps.sh (Debian package prometheus)"

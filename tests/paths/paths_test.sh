@@ -8,17 +8,13 @@ set -euo pipefail
 
 RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
-FERRYD="$RUNFILES/server/ferryd"
-FERRY="$RUNFILES/client/ferry"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/paths.XXXXXX")"
 WORK="$(cd "$WORK" && pwd -P)"
 ROOT="$WORK/root"
 OUT="$WORK/outside"
 mkdir -p "$ROOT" "$OUT/ck"
-PY=/usr/bin/python3
 
 fail() { echo "FAIL: $*" >&2; echo "--- ferryd log ---" >&2; tail -40 "$WORK/ferryd.log" >&2 || true; exit 1; }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 # A root that does not exist stops ferryd at start, naming the flag.
 set +e
