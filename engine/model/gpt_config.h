@@ -31,6 +31,26 @@ struct GptConfig {
   int64_t ParameterCount() const;
 };
 
+// One parameter tensor of the model as one tensor-parallel rank holds it.
+struct ParameterShape {
+  // As the model's named_parameters() names it: "wte.weight",
+  // "h.3.attn.c_attn.bias", "ln_f.weight".
+  std::string name;
+  // Elements this rank holds: a share of the tensors tensor parallelism
+  // splits, the whole of the others.
+  int64_t numel = 0;
+  // The first stage of the forward that uses it, as the trainer forms
+  // stages: 0 the embeddings, 1 + i block i, layers + 1 the head (the final
+  // norm; its output layer is the token embedding, whose stage is 0).
+  int stage = 0;
+};
+
+// The model's parameters in named_parameters() order, for one of
+// `tensor_ranks` ranks (every rank's shapes are the same). `tensor_ranks`
+// must divide heads and vocab_size, as the model requires. Lets the daemon
+// lay out chunks exactly as the chunk manager will without LibTorch.
+std::vector<ParameterShape> GptParameterShapes(const GptConfig& config, int tensor_ranks = 1);
+
 // Names of the built-in presets, smallest first.
 const std::vector<std::string>& GptPresetNames();
 

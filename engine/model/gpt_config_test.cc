@@ -20,6 +20,28 @@ TEST(GptConfigTest, EveryPresetResolvesAndHeadsDivideHidden) {
   }
 }
 
+TEST(GptConfigTest, ParameterShapesAddUpToTheCountAndSplitAcrossRanks) {
+  for (const std::string& name : GptPresetNames()) {
+    const GptConfig c = *GptPreset(name);
+    int64_t whole = 0;
+    for (const ParameterShape& p : GptParameterShapes(c)) whole += p.numel;
+    EXPECT_EQ(whole, c.ParameterCount()) << name;
+    ASSERT_EQ(GptParameterShapes(c).size(), static_cast<size_t>(2 + 12 * c.layers + 2)) << name;
+    EXPECT_EQ(GptParameterShapes(c).back().stage, c.layers + 1) << name;
+  }
+  // T = 4 ranks of gpt2-tiny: the split matrices and the embedding rows
+  // shrink four times, norms, wpe and row-parallel biases stay whole.
+  const GptConfig tiny = *GptPreset("gpt2-tiny");
+  const std::vector<ParameterShape> one = GptParameterShapes(tiny, 1), four = GptParameterShapes(tiny, 4);
+  ASSERT_EQ(one.size(), four.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    const bool split = one[i].name == "wte.weight" || one[i].name.find("c_attn") != std::string::npos ||
+                       one[i].name.find("c_fc") != std::string::npos ||
+                       one[i].name.find("c_proj.weight") != std::string::npos;
+    EXPECT_EQ(four[i].numel * (split ? 4 : 1), one[i].numel) << one[i].name;
+  }
+}
+
 TEST(GptConfigTest, UnknownPresetNamesTheChoices) {
   absl::StatusOr<GptConfig> c = GptPreset("gpt3");
   ASSERT_FALSE(c.ok());

@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <string>
+#include <vector>
+
+#include "engine/parallel/communicator.h"
+
 namespace ferry {
 namespace {
 
@@ -123,6 +128,62 @@ TEST(GptTest, GradientsReachEveryParameter) {
   model->Loss(model->forward(tokens), targets).backward();
   for (const auto& item : model->named_parameters()) {
     ASSERT_TRUE(item.value().grad().defined()) << item.key();
+  }
+}
+
+// A tensor group's shape without a backend: building the model needs only
+// its rank and size.
+class ShapeOnlyCommunicator : public Communicator {
+ public:
+  ShapeOnlyCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void AllReduce(at::Tensor&, ReduceOp) override { ADD_FAILURE() << "a collective while building"; }
+  at::Tensor AllGather(const at::Tensor& t, int64_t) override {
+    ADD_FAILURE() << "a collective while building";
+    return t;
+  }
+  void Broadcast(at::Tensor&, int) override { ADD_FAILURE() << "a collective while building"; }
+  void Barrier() override { ADD_FAILURE() << "a collective while building"; }
+
+ private:
+  const std::string name_ = "tensor";
+  int rank_, size_;
+};
+
+// The daemon lays out chunks from GptParameterShapes without LibTorch: it
+// must be the real model's named_parameters, name by name, in order, with
+// each rank's element counts.
+TEST(GptTest, ParameterShapesMatchTheModel) {
+  GptConfig config = SmallConfig();
+  config.layers = 3;
+  for (int tensor : {1, 2}) {
+    for (int rank = 0; rank < tensor; ++rank) {
+      SCOPED_TRACE(testing::Message() << "T=" << tensor << " rank " << rank);
+      ShapeOnlyCommunicator comm(rank, tensor);
+      Gpt model(config, &comm);
+      const std::vector<ParameterShape> shapes = GptParameterShapes(config, tensor);
+      const auto named = model->named_parameters();
+      ASSERT_EQ(shapes.size(), named.size());
+      int64_t total = 0;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        EXPECT_EQ(shapes[i].name, named[i].key()) << i;
+        EXPECT_EQ(shapes[i].numel, named[i].value().numel()) << shapes[i].name;
+        total += shapes[i].numel;
+        // The trainer's stages: embed, h.0 ... h.(L-1), head.
+        const std::string& name = shapes[i].name;
+        const int expected = name.rfind("h.", 0) == 0 ? 1 + std::stoi(name.substr(2))
+                             : name.rfind("ln_f.", 0) == 0 ? static_cast<int>(config.layers) + 1
+                                                           : 0;
+        EXPECT_EQ(shapes[i].stage, expected) << name;
+      }
+      if (tensor == 1) {
+        EXPECT_EQ(total, config.ParameterCount());
+      } else {
+        EXPECT_LT(total, config.ParameterCount());
+      }
+    }
   }
 }
 
