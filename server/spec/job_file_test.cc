@@ -36,6 +36,14 @@ TEST(JobFileTest, ParsesTheDocumentedExample) {
   EXPECT_EQ(spec->checkpoint().keep(), 2u);
 }
 
+TEST(JobFileTest, TheDiskTierDirectoryIsAPathAndItsBudgetASize) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec("data: {synthetic: {}}\nmemory: {disk_dir: scratch/ferry, disk_budget: 200GiB}", "/jobs");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->memory().disk_dir(), "/jobs/scratch/ferry");
+  EXPECT_EQ(spec->memory().disk_budget(), 200ull << 30);
+}
+
 TEST(JobFileTest, AcceptsJsonAndCamelCaseNames) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(
       R"({"model": {"vocabSize": 300, "seqLen": 64}, "data": {"path": "/d/t.bin"},

@@ -152,6 +152,10 @@ MemoryOptions ToMemoryOptions(const ferry::v1::MemorySpec& memory) {
   o.policy = memory.policy() == ferry::v1::MEMORY_POLICY_STATIC ? MemoryOptions::Policy::kStatic
                                                                 : MemoryOptions::Policy::kAuto;
   o.host_budget_bytes = memory.host_budget();
+  // The worker puts the job's own directory inside disk_dir here (and its
+  // default when unset), and the budget it derives when unset.
+  o.disk_dir = memory.disk_dir();
+  o.disk_budget_bytes = memory.disk_budget();
   o.chunk_elements = static_cast<int64_t>(memory.chunk_size() / sizeof(float));
   o.static_param_host_fraction = memory.static_param_host_fraction();
   o.static_optimizer_host_fraction = memory.static_optimizer_host_fraction();

@@ -1,15 +1,22 @@
 #include "server/spec/spec_validator.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/safe_path.h"
+#include "engine/memory/chunk_layout.h"
+#include "engine/model/gpt_config.h"
 #include "ferry/v1/options.pb.h"
 #include "server/spec/size.h"
 #include "server/spec/spec_defaults.h"
@@ -111,6 +118,36 @@ bool CheckPath(Problems& p, const char* field, const std::string& path, PathKind
   const absl::Status confined = CheckConfined(machine.allowed_roots, field, path, kind).status();
   p.Add(confined);
   return confined.ok();
+}
+
+// Ranks of the job on this machine: all of them when ferryd runs them, else
+// (one rank under a launcher) this one.
+uint64_t RanksHere(const JobSpec& spec, const MachineFacts& machine) {
+  if (!machine.ranks_share_host) return 1;
+  return SaturatingMul(std::max<uint32_t>(1, spec.parallel().tensor()), std::max<uint32_t>(1, spec.parallel().data()));
+}
+
+// Host memory one rank's simulated device takes (0 on a GPU): its budget,
+// or the quarter of host memory MakeMemoryDevice gives it by default.
+uint64_t SimulatedDeviceBytes(const JobSpec& spec, const MachineFacts& machine) {
+  if (!machine.device_is_host_memory) return 0;
+  return spec.memory().device_budget() > 0 ? spec.memory().device_budget() : machine.host_memory_bytes / 4;
+}
+
+// Parameters one tensor-parallel rank holds.
+uint64_t RankParameters(const JobSpec& spec) {
+  const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
+  uint64_t params = 0;
+  for (const ParameterShape& shape : GptParameterShapes(ToGptConfig(spec.model()), tensor)) {
+    params = SaturatingAdd(params, static_cast<uint64_t>(std::max<int64_t>(shape.numel, 0)));
+  }
+  return params;
+}
+
+// Host memory a rank's checkpoint snapshot takes while it is written: the
+// fp32 weights (or masters) and both AdamW moments, 12 bytes a parameter.
+uint64_t RankSnapshotBytes(const JobSpec& spec) {
+  return spec.checkpoint().dir().empty() ? 0 : SaturatingMul(RankParameters(spec), 12);
 }
 
 // True when the model is well formed.
@@ -222,7 +259,8 @@ void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
   }
 }
 
-void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
+void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, bool parallel_ok,
+                 std::optional<uint64_t> disk_free) {
   const ferry::v1::MemorySpec& m = spec.memory();
   auto fraction = [&p](const char* field, double value, double high) {
     if (!(value >= 0.0 && value <= high)) {
@@ -254,69 +292,133 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine) 
                                 " is more than this machine's memory (", FormatSize(machine.host_memory_bytes),
                                 "), which the simulated device (there is no GPU) is part of; lower it, or "
                                 "leave it unset for a quarter of host memory"));
+    return;
   }
+  const uint64_t ranks_here = RanksHere(spec, machine);
+  const uint64_t replicas_here = machine.ranks_share_host ? std::max<uint32_t>(1, spec.parallel().data()) : 1;
   if (m.host_budget() > machine.host_memory_bytes) {
     p.Precondition(absl::StrCat("memory.host_budget: ", FormatSize(m.host_budget()),
                                 " is more than this machine's memory (",
                                 FormatSize(machine.host_memory_bytes), "); lower it"));
+    return;
   }
-  // Model data (16 bytes a parameter in fp32 and in mixed precision) lives
-  // on the host, the device, or both; each tensor-parallel rank holds about
-  // a 1/tensor share, and data-parallel ranks each hold a whole replica. A
-  // checkpoint's snapshot (12 bytes a parameter: master weights and AdamW
-  // moments) is copied to host memory while it is written.
-  const uint64_t tensor = std::max<uint32_t>(1, spec.parallel().tensor());
-  const uint64_t data = std::max<uint32_t>(1, spec.parallel().data());
-  const uint64_t ranks_here = machine.ranks_share_host ? tensor * data : 1;
-  const uint64_t replicas_here = machine.ranks_share_host ? data : 1;
-  const int64_t params = ToGptConfig(spec.model()).ParameterCount();
-  const uint64_t state = TrainingStateBytes(spec.model());
-  // Of bytes for the whole model, what this machine holds: every replica
-  // here, or one rank's tensor-parallel share.
-  auto here = [&](uint64_t whole) {
-    return machine.ranks_share_host ? SaturatingMul(whole, replicas_here) : whole / tensor;
-  };
-  const uint64_t model_bytes = here(state);
-  const uint64_t snapshot_bytes =
-      spec.checkpoint().dir().empty() ? 0 : here(static_cast<uint64_t>(std::max<int64_t>(params, 0)) * 12);
-  const uint64_t needed = SaturatingAdd(model_bytes, snapshot_bytes);
-  const uint64_t host = m.host_budget() > 0
-                            ? std::min(SaturatingMul(m.host_budget(), ranks_here), machine.host_memory_bytes)
-                            : machine.host_memory_bytes;
-  uint64_t device = SaturatingMul(m.device_budget(), ranks_here);
-  if (m.device_budget() == 0 && machine.device_memory_bytes > 0) device = machine.device_memory_bytes;
-  const uint64_t available = machine.device_is_host_memory
-                                 ? std::min(machine.host_memory_bytes, SaturatingAdd(host, device))
-                                 : SaturatingAdd(host, device);
-  if (needed > available) {
-    std::string what = absl::StrCat("model: ", params, " parameters need ", FormatSize(state),
-                                    " for weights, gradients and AdamW state (16 bytes a parameter)");
-    if (replicas_here > 1) absl::StrAppend(&what, " x ", replicas_here, " data-parallel ranks on this machine");
-    if (snapshot_bytes > 0) {
-      absl::StrAppend(&what, ", plus ", FormatSize(snapshot_bytes),
-                      " for checkpoint snapshots (12 bytes a parameter)");
+  if (m.host_budget() > 0 && SaturatingMul(m.host_budget(), ranks_here) > machine.host_memory_bytes) {
+    p.Precondition(absl::StrCat("memory.host_budget: ", FormatSize(m.host_budget()), " for each of the ", ranks_here,
+                                " ranks on this machine (parallel.tensor x parallel.data) is ",
+                                FormatSize(SaturatingMul(m.host_budget(), ranks_here)), ", more than its memory (",
+                                FormatSize(machine.host_memory_bytes),
+                                "); lower it, or use fewer ranks (parallel.data)"));
+    return;
+  }
+  if (!parallel_ok) return;  // the rank's shapes need a valid split
+
+  // Where each rank's chunks live: the tier plan the chunk manager makes
+  // before its first step, from the same layout and limits. It keeps a
+  // chunk's host side (parameters and gradients in host memory, optimizer
+  // states in host memory or on disk) whatever the device later holds, so
+  // device memory does not make room on the host.
+  absl::StatusOr<TierInput> input = RankTierInput(spec);
+  if (!input.ok()) {
+    p.Invalid(absl::StrCat(m.chunk_size() > 0 ? "memory.chunk_size: " : "model: ", input.status().message()));
+    return;
+  }
+  const uint64_t snapshot_bytes = RankSnapshotBytes(spec);
+  if (m.host_budget() > 0 && snapshot_bytes > 0 &&
+      SaturatingMul(SaturatingAdd(m.host_budget(), snapshot_bytes), ranks_here) > machine.host_memory_bytes) {
+    p.Precondition(absl::StrCat(
+        "memory.host_budget: ", FormatSize(m.host_budget()), " plus ", FormatSize(snapshot_bytes),
+        " for checkpoint snapshots (12 bytes a parameter: weights and AdamW moments copied to host memory while "
+        "a checkpoint is written)",
+        ranks_here > 1 ? absl::StrCat(", for each of ", ranks_here, " ranks on this machine,") : std::string(),
+        " is more than this machine's memory (", FormatSize(machine.host_memory_bytes),
+        "); lower memory.host_budget, or choose a smaller model"));
+    return;
+  }
+  input->host_limit_bytes = RankHostBudgetBytes(spec, machine);
+  if (disk_free.has_value()) {
+    input->disk_limit_bytes = RankDiskBudgetBytes(spec, machine, *disk_free);
+  } else if (!DiskTierBase(spec, machine).empty()) {
+    // The file system was not looked at: only a budget the spec sets bounds
+    // the tier here.
+    input->disk_limit_bytes = m.disk_budget() > 0 ? m.disk_budget() : UINT64_MAX;
+  }
+  const TierPlan plan = PlanTiers(*input);
+  if (!plan.feasible) {
+    std::string what = plan.problem;
+    if (m.host_budget() == 0) {
+      absl::StrAppend(&what, "; memory.host_budget is unset, so each rank may use 3/4 of the ",
+                      FormatSize(machine.host_memory_bytes), " of host memory");
+      if (machine.device_is_host_memory) {
+        absl::StrAppend(&what, " less the simulated device's ", FormatSize(SimulatedDeviceBytes(spec, machine)),
+                        ranks_here > 1 ? " a rank" : "", " (the simulated device's memory is host memory too)");
+      }
+      if (ranks_here > 1) {
+        absl::StrAppend(&what, ", split among ", ranks_here, " ranks on this machine");
+        if (replicas_here > 1) absl::StrAppend(&what, " (x ", replicas_here, " data-parallel ranks on this machine)");
+      }
+      if (snapshot_bytes > 0) {
+        absl::StrAppend(&what, ", less ", FormatSize(snapshot_bytes),
+                        " for checkpoint snapshots (12 bytes a parameter: weights and AdamW moments copied while a "
+                        "checkpoint is written)");
+      }
     }
-    std::string of = m.host_budget() > 0 ? "memory.host_budget" : "host memory";
-    if (machine.device_is_host_memory) {
-      absl::StrAppend(&of, " (the simulated device's memory is host memory too)");
-    } else if (device > 0) {
-      absl::StrAppend(&of, m.device_budget() > 0 ? " and memory.device_budget" : " and the device's memory");
-    }
-    std::vector<std::string> fixes = {"choose a smaller model"};
-    if (replicas_here > 1) fixes.push_back("fewer data-parallel ranks (parallel.data)");
-    if (m.host_budget() > 0 && SaturatingMul(m.host_budget(), ranks_here) < machine.host_memory_bytes) {
-      fixes.push_back("raise memory.host_budget");
-    }
-    p.Precondition(absl::StrCat(what, ", more than the ", FormatSize(available), " of ", of, "; ",
-                                absl::StrJoin(fixes, ", or ")));
+    if (replicas_here > 1) absl::StrAppend(&what, "; or use fewer data-parallel ranks (parallel.data)");
+    p.Precondition(what);
+    return;
+  }
+  if (disk_free.has_value() && plan.disk_bytes > 0 &&
+      SaturatingMul(plan.disk_bytes, ranks_here) > *disk_free) {
+    p.Precondition(absl::StrCat(
+        "memory.disk_budget: the disk tier needs ", FormatSize(plan.disk_bytes),
+        ranks_here > 1 ? absl::StrCat(" for each of ", ranks_here, " ranks") : std::string(),
+        " for the optimizer states memory.host_budget cannot hold, but only ", FormatSize(*disk_free),
+        " is free under ", DiskTierBase(spec, machine),
+        "; free space there, choose another memory.disk_dir, or raise memory.host_budget"));
   }
 }
 
-void CheckParallel(Problems& p, const JobSpec& spec) {
+// The disk tier's directory: confined like checkpoint.dir, and on a file
+// system this process may write. Returns the free space of that file system
+// when it was looked at.
+std::optional<uint64_t> CheckDiskDir(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
+  const ferry::v1::MemorySpec& m = spec.memory();
+  if (m.disk_budget() > 0 && m.disk_budget() < (1u << 20)) {
+    p.Invalid(absl::StrCat("memory.disk_budget: ", FormatSize(m.disk_budget()),
+                           " is too small for the disk tier; use at least 1MiB, or leave it unset for 9/10 of the "
+                           "free space under memory.disk_dir (the tier holds only what memory.host_budget cannot)"));
+  }
+  const std::string& dir = m.disk_dir();
+  if (!dir.empty() && !CheckPath(p, "memory.disk_dir", dir, PathKind::kDirectory, machine)) return std::nullopt;
+  const std::string base = DiskTierBase(spec, machine);
+  if (!machine.check_files || base.empty() || !machine.disk) return std::nullopt;
+  absl::StatusOr<DiskFacts> facts = machine.disk(base);
+  if (!facts.ok()) {
+    if (!dir.empty()) p.Precondition(absl::StrCat("memory.disk_dir: ", facts.status().message()));
+    return std::nullopt;
+  }
+  if (dir.empty()) return facts->free_bytes;
+  if (facts->read_only) {
+    p.Precondition(absl::StrCat("memory.disk_dir: ", dir, " is on a read-only file system (", facts->existing,
+                                "); choose a directory on a writable one"));
+    return std::nullopt;
+  }
+  if (!facts->writable) {
+    p.Precondition(absl::StrCat("memory.disk_dir: ", dir, " cannot be written by the daemon (", facts->existing, ": ",
+                                facts->not_writable_reason,
+                                "); choose a directory it may write, or give its user write access"));
+    return std::nullopt;
+  }
+  return facts->free_bytes;
+}
+
+// True when the model splits across the tensor-parallel ranks.
+bool CheckParallel(Problems& p, const JobSpec& spec) {
   const ferry::v1::ParallelSpec& parallel = spec.parallel();
   p.Range<uint32_t>("parallel.tensor", parallel.tensor(), 1, 1024);
   p.Range<uint32_t>("parallel.data", parallel.data(), 1, 1024);
-  if (parallel.tensor() > 1024 || parallel.data() > 1024) return;
+  if (parallel.tensor() < 1 || parallel.data() < 1 || parallel.tensor() > 1024 || parallel.data() > 1024) {
+    return false;
+  }
   const uint32_t t = parallel.tensor();
   const ferry::v1::ModelSpec& m = spec.model();
   // Megatron's split: whole heads and whole vocabulary rows per rank.
@@ -328,10 +430,12 @@ void CheckParallel(Problems& p, const JobSpec& spec) {
     p.Invalid(absl::StrCat("parallel.tensor: ", t, " ranks cannot split model.vocab_size (", m.vocab_size(),
                            "); pad the vocabulary to a multiple of ", t));
   }
+  const bool splits = t == 1 || (m.heads() % t == 0 && m.vocab_size() % t == 0);
   if (parallel.data() > 1 && spec.train().batch_size() % parallel.data() != 0) {
     p.Invalid(absl::StrCat("train.batch_size: ", spec.train().batch_size(), " does not split across ",
                            parallel.data(), " data-parallel ranks; use a multiple of ", parallel.data()));
   }
+  return splits;
 }
 
 void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c, const MachineFacts& machine) {
@@ -349,7 +453,8 @@ void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c, const Mach
 // the spec is never left unchecked: enum values this build knows (proto3
 // keeps any number a client sends, which the worker could not read back), and
 // paths the checks above do not know (fields marked `(ferry.v1.path)` other
-// than data.path and checkpoint.dir), confined like them whatever they name.
+// than data.path, checkpoint.dir and memory.disk_dir), confined like them
+// whatever they name.
 void CheckFieldsByType(Problems& p, const google::protobuf::Message& message, const std::string& prefix,
                        const MachineFacts& machine) {
   using google::protobuf::FieldDescriptor;
@@ -379,7 +484,8 @@ void CheckFieldsByType(Problems& p, const google::protobuf::Message& message, co
         }
         break;
       case FieldDescriptor::CPPTYPE_STRING:
-        if (!f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "checkpoint.dir") {
+        if (!f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "checkpoint.dir" ||
+            name == "memory.disk_dir") {
           break;
         }
         for (int i = 0; i < count; ++i) {
@@ -401,6 +507,95 @@ uint64_t TrainingStateBytes(const ferry::v1::ModelSpec& model) {
   return params > 0 ? static_cast<uint64_t>(params) * 16 : 0;
 }
 
+absl::StatusOr<DiskFacts> ProbeDisk(const std::string& dir) {
+  if (dir.empty() || dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("'", dir, "' is not an absolute path"));
+  }
+  DiskFacts facts;
+  facts.existing = NormalizePath(dir);
+  struct stat st;
+  while (stat(facts.existing.c_str(), &st) != 0) {
+    if (errno != ENOENT || facts.existing == "/") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot examine ", facts.existing, ": ", std::strerror(errno)));
+    }
+    const size_t slash = facts.existing.rfind('/');
+    facts.existing = slash == 0 ? "/" : facts.existing.substr(0, slash);
+  }
+  struct statvfs vfs;
+  if (statvfs(facts.existing.c_str(), &vfs) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot examine the file system of ", facts.existing, ": ", std::strerror(errno)));
+  }
+  facts.free_bytes = SaturatingMul(static_cast<uint64_t>(vfs.f_bavail), static_cast<uint64_t>(vfs.f_frsize));
+  facts.read_only = (vfs.f_flag & ST_RDONLY) != 0;
+  if (access(facts.existing.c_str(), W_OK) != 0) {
+    facts.writable = false;
+    facts.not_writable_reason = std::strerror(errno);
+  }
+  return facts;
+}
+
+absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
+  const GptConfig config = ToGptConfig(spec.model());
+  const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
+  std::vector<int64_t> numels;
+  std::vector<int> groups;
+  for (const ParameterShape& shape : GptParameterShapes(config, tensor)) {
+    numels.push_back(shape.numel);
+    groups.push_back(shape.stage);
+  }
+  // As the trainer asks the chunk manager: chunk_size, or a search over
+  // multiples of the hidden size.
+  const MemoryOptions options = ToMemoryOptions(spec.memory());
+  absl::StatusOr<ChunkLayout> layout;
+  if (options.chunk_elements > 0) {
+    layout = PackTensors(numels, groups, options.chunk_elements);
+  } else {
+    ChunkSearchOptions search;
+    search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : config.hidden;
+    search.max_chunks = options.max_chunks;
+    layout = SearchChunkLayout(numels, groups, search);
+  }
+  if (!layout.ok()) return layout.status();
+  // fp32: 4 bytes of weights and of gradients and 8 of AdamW moments an
+  // element; mixed precision: 2, 2, and 12 (the moments and fp32 masters).
+  const bool mixed = spec.train().precision() == ferry::v1::PRECISION_FP16 ||
+                     spec.train().precision() == ferry::v1::PRECISION_BF16;
+  const uint64_t weight = mixed ? 2 : 4, optimizer = mixed ? 12 : 8;
+  TierInput input;
+  for (int64_t capacity : layout->capacity) {
+    const uint64_t elements = static_cast<uint64_t>(capacity);
+    input.param_bytes.push_back(SaturatingMul(elements, weight));
+    input.grad_bytes.push_back(SaturatingMul(elements, weight));
+    input.optimizer_bytes.push_back(SaturatingMul(elements, optimizer));
+  }
+  input.construction_bytes = SaturatingMul(RankParameters(spec), 4);
+  input.masters_with_optimizer = mixed;
+  return input;
+}
+
+uint64_t RankHostBudgetBytes(const JobSpec& spec, const MachineFacts& machine) {
+  if (spec.memory().host_budget() > 0) return spec.memory().host_budget();
+  if (machine.host_memory_bytes == 0) return 0;
+  const uint64_t ranks = RanksHere(spec, machine);
+  const uint64_t whole =
+      DefaultHostBudgetBytes(machine.host_memory_bytes, SaturatingMul(SimulatedDeviceBytes(spec, machine), ranks));
+  const uint64_t snapshot = RankSnapshotBytes(spec);
+  const uint64_t share = whole / ranks;
+  // Never 0, which would mean no limit at all.
+  return share > snapshot ? share - snapshot : 1;
+}
+
+uint64_t RankDiskBudgetBytes(const JobSpec& spec, const MachineFacts& machine, uint64_t free_disk_bytes) {
+  if (spec.memory().disk_budget() > 0) return spec.memory().disk_budget();
+  return DefaultDiskBudgetBytes(free_disk_bytes) / RanksHere(spec, machine);
+}
+
+std::string DiskTierBase(const JobSpec& spec, const MachineFacts& machine) {
+  return spec.memory().disk_dir().empty() ? machine.default_disk_dir : spec.memory().disk_dir();
+}
+
 absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   Problems p;
   if (spec.name().size() > kMaxNameLength) {
@@ -413,9 +608,10 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   const bool model_ok = CheckModel(p, spec.model());
   CheckData(p, spec, machine);
   CheckTrain(p, spec.train());
+  const bool parallel_ok = CheckParallel(p, spec);
+  const std::optional<uint64_t> disk_free = CheckDiskDir(p, spec, machine);
   // Memory figures only mean something for a well-formed model.
-  if (model_ok) CheckMemory(p, spec, machine);
-  CheckParallel(p, spec);
+  if (model_ok) CheckMemory(p, spec, machine, parallel_ok, disk_free);
   p.Range<uint32_t>("max_restarts", spec.max_restarts(), 0, 100);
   CheckCheckpoint(p, spec.checkpoint(), machine);
   CheckFieldsByType(p, spec, "", machine);

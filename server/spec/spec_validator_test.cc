@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include "server/spec/job_file.h"
@@ -191,14 +192,189 @@ TEST(SpecValidatorTest, DataFileProblemsAreFailedPrecondition) {
   EXPECT_TRUE(ValidateSpec(Resolved("data: {path: /nonexistent/t.bin}"), no_files).ok());
 }
 
+// A file system for the disk tier with `free` bytes free.
+std::function<absl::StatusOr<DiskFacts>(const std::string&)> FakeDisk(uint64_t free, bool read_only = false,
+                                                                      bool writable = true) {
+  return [=](const std::string& dir) -> absl::StatusOr<DiskFacts> {
+    DiskFacts facts;
+    facts.existing = dir;
+    facts.free_bytes = free;
+    facts.read_only = read_only;
+    facts.writable = writable;
+    if (!writable) facts.not_writable_reason = "Permission denied";
+    return facts;
+  };
+}
+
+// The daemon's view: each job's scratch directory under its state
+// directory, on a file system with `free` bytes free.
+MachineFacts MachineWithDisk(uint64_t free) {
+  MachineFacts m = Machine();
+  m.default_disk_dir = "/state/jobs";
+  m.disk = FakeDisk(free);
+  return m;
+}
+
 TEST(SpecValidatorTest, ModelsTooLargeForTheMachineAreRefused) {
-  // gpt2-xl: 1.56e9 parameters x 16 bytes = 23 GiB > 16 GiB.
+  // gpt2-xl: 1.56e9 parameters x 16 bytes = 23 GiB, more than the 12 GiB
+  // of the 16 GiB that model data may have by default, with no disk tier.
   ExpectProblem("data: {synthetic: {}}\nmodel: {preset: gpt2-xl}",
                 absl::StatusCode::kFailedPrecondition, "choose a smaller model");
   ExpectProblem("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nmemory: {host_budget: 1GiB}",
                 absl::StatusCode::kFailedPrecondition, "of memory.host_budget");
   ExpectProblem("data: {synthetic: {}}\nmemory: {host_budget: 1TiB}",
                 absl::StatusCode::kFailedPrecondition, "memory.host_budget: 1 TiB is more than");
+}
+
+// gpt2-xl in bf16: 1.56e9 parameters, 2 + 2 bytes of weights and
+// gradients (5.8 GiB) in host memory, 12 of optimizer states (17.4 GiB)
+// where they fit.
+const char kXlBf16[] = "data: {synthetic: {}}\nmodel: {preset: gpt2-xl}\ntrain: {precision: bf16}";
+
+TEST(SpecValidatorTest, TheDiskTierTakesTheOptimizerStatesHostMemoryCannotHold) {
+  const MachineFacts machine = MachineWithDisk(1ull << 40);
+  const std::string xl = std::string(kXlBf16) + "\nmemory: {host_budget: 12GiB}";
+  absl::Status s = ValidateSpec(Resolved(xl), machine);
+  EXPECT_TRUE(s.ok()) << s;
+  // The same with a directory of its own for the tier.
+  s = ValidateSpec(Resolved(std::string(kXlBf16) + "\nmemory: {host_budget: 12GiB, disk_dir: /scratch/ferry}"),
+                   [&] {
+                     MachineFacts m = machine;
+                     m.default_disk_dir = "";
+                     return m;
+                   }());
+  EXPECT_TRUE(s.ok()) << s;
+  // Without a disk tier it does not fit.
+  s = ValidateSpec(Resolved(xl), Machine());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("there is no disk tier"), std::string::npos) << s;
+
+  // A disk budget too small for what does not fit the host.
+  s = ValidateSpec(Resolved(std::string(kXlBf16) + "\nmemory: {host_budget: 12GiB, disk_budget: 4GiB}"), machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("more than the 4.00 GiB of memory.disk_budget"), std::string::npos) << s;
+  // The default budget is 9/10 of the free space: 10 GiB free is too little.
+  s = ValidateSpec(Resolved(xl), MachineWithDisk(10ull << 30));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("more than the 9.00 GiB of memory.disk_budget"), std::string::npos) << s;
+  // A budget the file system cannot give.
+  s = ValidateSpec(Resolved(std::string(kXlBf16) + "\nmemory: {host_budget: 12GiB, disk_budget: 100GiB}"),
+                   MachineWithDisk(10ull << 30));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("memory.disk_budget: the disk tier needs"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("but only 10 GiB is free under /state/jobs"), std::string::npos) << s;
+
+  // A host budget far too small even with every optimizer state on disk:
+  // the weights and gradients alone need more.
+  s = ValidateSpec(Resolved(std::string(kXlBf16) + "\nmemory: {host_budget: 1GiB}"), machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("with every optimizer state on disk the host still needs"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("of memory.host_budget. Raise memory.host_budget"), std::string::npos) << s;
+  // Unknown free space (the CLI's local check): only a budget set bounds it.
+  MachineFacts local = machine;
+  local.check_files = false;
+  EXPECT_TRUE(ValidateSpec(Resolved(xl), local).ok());
+}
+
+TEST(SpecValidatorTest, TheDiskBudgetHasAFloorAndNoOffSwitch) {
+  ExpectProblem("data: {synthetic: {}}\nmemory: {disk_budget: 4KiB}", absl::StatusCode::kInvalidArgument,
+                "memory.disk_budget: 4 KiB is too small for the disk tier; use at least 1MiB");
+  // A model that fits the host never uses the disk, whatever its budget.
+  EXPECT_TRUE(ValidateSpec(Resolved("data: {synthetic: {}}\nmemory: {disk_budget: 1MiB}"), MachineWithDisk(0)).ok());
+}
+
+TEST(SpecValidatorTest, TheDiskDirectoryMustBeWritable) {
+  MachineFacts machine = Machine();
+  machine.disk = FakeDisk(1ull << 40, /*read_only=*/true);
+  const JobSpec spec = Resolved("data: {synthetic: {}}\nmemory: {disk_dir: /mnt/ro/ferry}");
+  absl::Status s = ValidateSpec(spec, machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("memory.disk_dir: /mnt/ro/ferry is on a read-only file system"), std::string::npos) << s;
+  machine.disk = FakeDisk(1ull << 40, /*read_only=*/false, /*writable=*/false);
+  s = ValidateSpec(spec, machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("memory.disk_dir: /mnt/ro/ferry cannot be written by the daemon (/mnt/ro/ferry: "
+                             "Permission denied)"),
+            std::string::npos)
+      << s;
+  // Relative over the API.
+  JobSpec relative = Resolved("data: {synthetic: {}}");
+  relative.mutable_memory()->set_disk_dir("scratch");
+  s = ValidateSpec(relative, Machine());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("memory.disk_dir: 'scratch' must be an absolute path"), std::string::npos) << s;
+}
+
+TEST(SpecValidatorTest, ProbeDiskLooksAtTheDeepestExistingDirectory) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  char real[PATH_MAX];
+  ASSERT_NE(realpath(tmp != nullptr ? tmp : "/tmp", real), nullptr);
+  absl::StatusOr<DiskFacts> facts = ProbeDisk(std::string(real) + "/not/yet/there");
+  ASSERT_TRUE(facts.ok()) << facts.status();
+  EXPECT_EQ(facts->existing, real);
+  EXPECT_GT(facts->free_bytes, 0u);
+  EXPECT_FALSE(facts->read_only);
+  EXPECT_TRUE(facts->writable) << facts->not_writable_reason;
+  EXPECT_FALSE(ProbeDisk("relative").ok());
+}
+
+TEST(SpecValidatorTest, RankBudgetsSplitTheMachine) {
+  const JobSpec one = Resolved("data: {synthetic: {}}");
+  MachineFacts machine = Machine();
+  EXPECT_EQ(RankHostBudgetBytes(one, machine), DefaultHostBudgetBytes(16 * kGiB, 0));
+  EXPECT_EQ(RankDiskBudgetBytes(one, machine, 100 * kGiB), DefaultDiskBudgetBytes(100 * kGiB));
+  // The simulated device (a quarter of host memory by default) is host
+  // memory; four ranks on this machine share what is left, and each needs
+  // room for its checkpoint snapshot.
+  machine.device_is_host_memory = true;
+  machine.ranks_share_host = true;
+  const JobSpec four = Resolved("data: {synthetic: {}}\nparallel: {data: 4}\ncheckpoint: {dir: /ckpt}");
+  const uint64_t snapshot = static_cast<uint64_t>(ToGptConfig(four.model()).ParameterCount()) * 12;
+  EXPECT_EQ(RankHostBudgetBytes(four, machine), 1u) << "four default devices take it all: the least limit, not none";
+  machine.host_memory_bytes = 64 * kGiB;
+  const JobSpec four_small_devices =
+      Resolved("data: {synthetic: {}}\nparallel: {data: 4}\ncheckpoint: {dir: /ckpt}\nmemory: {device_budget: 1GiB}");
+  EXPECT_EQ(RankHostBudgetBytes(four_small_devices, machine),
+            DefaultHostBudgetBytes(64 * kGiB, 4 * kGiB) / 4 - snapshot);
+  EXPECT_EQ(RankDiskBudgetBytes(four, machine, 100 * kGiB), DefaultDiskBudgetBytes(100 * kGiB) / 4);
+  // Budgets set in the spec are taken as they are, per rank.
+  const JobSpec set = Resolved("data: {synthetic: {}}\nparallel: {data: 4}\nmemory: {host_budget: 2GiB, disk_budget: 3GiB}");
+  EXPECT_EQ(RankHostBudgetBytes(set, machine), 2 * kGiB);
+  EXPECT_EQ(RankDiskBudgetBytes(set, machine, 100 * kGiB), 3 * kGiB);
+  machine.host_memory_bytes = 0;
+  EXPECT_EQ(RankHostBudgetBytes(one, machine), 0u) << "unknown memory: no limit";
+}
+
+TEST(SpecValidatorTest, RankTierInputIsTheChunkManagersLayout) {
+  // gpt2-small: 14 stages, at most 64 chunks, none spanning two stages.
+  const JobSpec small = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}");
+  absl::StatusOr<TierInput> in = RankTierInput(small);
+  ASSERT_TRUE(in.ok()) << in.status();
+  const size_t chunks = in->param_bytes.size();
+  EXPECT_GE(chunks, 14u);
+  EXPECT_LE(chunks, 64u);
+  uint64_t params = 0;
+  for (size_t c = 0; c < chunks; ++c) {
+    params += in->param_bytes[c] / 4;
+    EXPECT_EQ(in->grad_bytes[c], in->param_bytes[c]);
+    EXPECT_EQ(in->optimizer_bytes[c], 2 * in->param_bytes[c]) << "fp32: two moments";
+  }
+  EXPECT_EQ(params, static_cast<uint64_t>(ToGptConfig(small.model()).ParameterCount())) << "no capacity wasted";
+  EXPECT_EQ(in->construction_bytes, 4 * params);
+  EXPECT_FALSE(in->masters_with_optimizer);
+  // bf16: 2 bytes of weights, 12 of states; a chunk size caps each chunk.
+  const JobSpec bf16 =
+      Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\ntrain: {precision: bf16}\nmemory: {chunk_size: 4MiB}");
+  in = RankTierInput(bf16);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_GT(in->param_bytes.size(), chunks);
+  EXPECT_TRUE(in->masters_with_optimizer);
+  for (size_t c = 0; c < in->param_bytes.size(); ++c) EXPECT_EQ(in->optimizer_bytes[c], 6 * in->param_bytes[c]);
+  // Two tensor ranks hold about half each.
+  const JobSpec halves = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {tensor: 2}");
+  in = RankTierInput(halves);
+  ASSERT_TRUE(in.ok());
+  EXPECT_LT(in->construction_bytes, 4 * params * 6 / 10);
 }
 
 TEST(SpecValidatorTest, ParallelShapes) {
@@ -313,6 +489,29 @@ TEST_F(AllowedRootsValidationTest, DeviceFilesAndFifosAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
 }
 
+TEST_F(AllowedRootsValidationTest, TheDiskDirectoryIsConfinedLikeCheckpoints) {
+  // Inside: an existing directory, and one to be created.
+  std::string yaml = "data: {synthetic: {}}\nmemory: {disk_dir: " + root_ + "}";
+  EXPECT_TRUE(Validate(yaml).ok()) << Validate(yaml);
+  yaml = "data: {synthetic: {}}\nmemory: {disk_dir: " + root_ + "/new/scratch}";
+  EXPECT_TRUE(Validate(yaml).ok()) << Validate(yaml);
+  // Outside, directly or through a link.
+  absl::Status s = Validate("data: {synthetic: {}}\nmemory: {disk_dir: " + outside_ + "}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("memory.disk_dir: " + outside_ + " is outside the allowed roots"), std::string::npos) << s;
+  ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/scratch").c_str()), 0);
+  s = Validate("data: {synthetic: {}}\nmemory: {disk_dir: " + root_ + "/scratch/ferry}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("memory.disk_dir: " + root_ + "/scratch/ferry resolves to " + outside_ + "/ferry"),
+            std::string::npos)
+      << s;
+  // A file where the directory must be.
+  s = Validate("data: {synthetic: {}}\nmemory: {disk_dir: " + root_ + "/t.bin}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("memory.disk_dir"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("is not a directory"), std::string::npos) << s;
+}
+
 TEST_F(AllowedRootsValidationTest, ACheckpointDirectoryMustBeOneOrCreatable) {
   absl::Status s = Validate("data: {synthetic: {}}\ncheckpoint: {dir: " + root_ + "/t.bin}");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -356,23 +555,29 @@ TEST(SpecLimitsTest, BudgetsAreCheckedAgainstTheDevice) {
   s = ValidateSpec(Resolved("data: {synthetic: {}}\nmemory: {device_budget: 32GiB}"), simulated);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("the simulated device (there is no GPU)"), std::string::npos) << s;
-  // The simulated device's budget is host memory, not more of it: gpt2-xl
-  // (23 GiB of state) does not fit 16 GiB of host memory with a 15 GiB
-  // "device" either, where a GPU's 15 GiB would add to the host's.
+  // The simulated device's budget is host memory: gpt2-xl (23 GiB of
+  // state, all of it on the host side) fits the 24 GiB model data may have
+  // of 32 GiB with a GPU, not the 12.75 GiB a 15 GiB simulated device
+  // leaves.
   const std::string xl = "data: {synthetic: {}}\nmodel: {preset: gpt2-xl}\nmemory: {device_budget: 15GiB}";
+  simulated.host_memory_bytes = 32 * kGiB;
   s = ValidateSpec(Resolved(xl), simulated);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("the simulated device's memory is host memory too"), std::string::npos) << s;
   gpu.device_memory_bytes = 16 * kGiB;
+  gpu.host_memory_bytes = 32 * kGiB;
   EXPECT_TRUE(ValidateSpec(Resolved(xl), gpu).ok()) << ValidateSpec(Resolved(xl), gpu);
 }
 
 TEST(SpecLimitsTest, ReplicasAndCheckpointSnapshotsCountOnOneMachine) {
-  // gpt2-small: about 124M parameters, 1.85 GiB of training state.
+  // gpt2-small: about 124M parameters, 1.85 GiB of training state, all on
+  // the host side (no disk tier here). On the simulated device (a quarter
+  // of host memory), model data may have 3/4 of the rest by default:
+  // 1.5 x the state with this much memory.
   const JobSpec small = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}");
   const uint64_t state = TrainingStateBytes(small.model());
   MachineFacts machine = Machine();
-  machine.host_memory_bytes = state * 3 / 2;
+  machine.host_memory_bytes = state * 8 / 3;
   machine.device_is_host_memory = true;
   EXPECT_TRUE(ValidateSpec(small, machine).ok()) << ValidateSpec(small, machine);
   // A checkpoint's snapshot (12 bytes a parameter) does not fit beside it.
@@ -384,7 +589,7 @@ TEST(SpecLimitsTest, ReplicasAndCheckpointSnapshotsCountOnOneMachine) {
         return m;
       }());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("for checkpoint snapshots (12 bytes a parameter)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("for checkpoint snapshots (12 bytes a parameter"), std::string::npos) << s;
   // Two data-parallel replicas on this machine do not fit; under a
   // launcher (ranks elsewhere) one rank's share does.
   const JobSpec replicated = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 2}");
