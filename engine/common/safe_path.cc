@@ -1,5 +1,6 @@
 #include "engine/common/safe_path.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
@@ -415,6 +416,59 @@ absl::StatusOr<UniqueFd> OpenConfinedDir(const AllowedRoots& roots, absl::string
     return Errno(field, "open", path);
   }
   return fd;
+}
+
+namespace {
+
+// Deeper trees are left in place (each level holds a descriptor).
+constexpr int kMaxRemoveDepth = 64;
+
+absl::Status RemoveTree(int dir_fd, const std::string& name, const std::string& shown, int depth) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a plain file name"));
+  }
+  const std::string path = absl::StrCat(shown, "/", name);
+  struct stat st;
+  if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? absl::OkStatus() : Errno("", "examine", path);
+  }
+  absl::Status first = absl::OkStatus();
+  if (S_ISDIR(st.st_mode)) {
+    if (depth >= kMaxRemoveDepth) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot remove ", path, ": more than ", kMaxRemoveDepth,
+                                                        " directories deep"));
+    }
+    UniqueFd sub(openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sub.valid()) return Errno("", "open", path);
+    // fdopendir takes its own descriptor: the walk below keeps `sub`.
+    const int listing = dup(sub.get());
+    DIR* d = listing >= 0 ? fdopendir(listing) : nullptr;
+    if (d == nullptr) {
+      if (listing >= 0) close(listing);
+      return Errno("", "list", path);
+    }
+    std::vector<std::string> entries;
+    while (const dirent* e = readdir(d)) {
+      const std::string entry = e->d_name;
+      if (entry != "." && entry != "..") entries.push_back(entry);
+    }
+    closedir(d);
+    for (const std::string& entry : entries) {
+      absl::Status s = RemoveTree(sub.get(), entry, path, depth + 1);
+      if (first.ok()) first = s;
+    }
+    if (unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0 && first.ok()) first = Errno("", "remove", path);
+    return first;
+  }
+  if (unlinkat(dir_fd, name.c_str(), 0) != 0) return Errno("", "remove", path);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& shown) {
+  return RemoveTree(dir_fd, name, shown, 0);
 }
 
 bool SetUseOpenat2ForTesting(bool use) { return g_use_openat2.exchange(use); }

@@ -127,6 +127,15 @@ absl::StatusOr<UniqueFd> OpenConfinedFile(const AllowedRoots& roots, absl::strin
 absl::StatusOr<UniqueFd> OpenConfinedDir(const AllowedRoots& roots, absl::string_view field,
                                          const std::string& path, bool create);
 
+// Removes the entry `name` (a plain name, no '/') of the directory `dir_fd`,
+// and, if it is a directory, everything in it, walking down by descriptor
+// without following a symbolic link: a link is removed, never what it
+// points at, so nothing outside `dir_fd` is touched whatever the tree
+// holds. OK when `name` does not exist. The first failure (with the OS's
+// reason, the path shown as `shown`/...) is returned after removing what
+// can be removed; INVALID_ARGUMENT for a name that is not plain.
+absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& shown);
+
 // Tests only: false makes the Open* functions walk with openat(O_NOFOLLOW)
 // even where openat2 is available. Returns the previous setting.
 bool SetUseOpenat2ForTesting(bool use);

@@ -261,6 +261,32 @@ TEST_P(SafePathTest, UnconfinedOpensAsBefore) {
             absl::StatusCode::kNotFound);
 }
 
+// A scratch tree with files, subdirectories and links out: every entry
+// goes, nothing the links point at.
+TEST_P(SafePathTest, RemoveTreeAtRemovesLinksNotWhatTheyPointAt) {
+  const std::string scratch = root_ + "/scratch";
+  ASSERT_EQ(mkdir(scratch.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((scratch + "/rank0").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((scratch + "/rank0/ferry-chunks-1").c_str(), 0755), 0);
+  WriteText(scratch + "/rank0/ferry-chunks-1/o3", "states");
+  ASSERT_EQ(symlink(outside_.c_str(), (scratch + "/rank0/out").c_str()), 0);
+  ASSERT_EQ(symlink((outside_ + "/secret").c_str(), (scratch + "/secret").c_str()), 0);
+  UniqueFd root(open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  EXPECT_TRUE(RemoveTreeAt(root.get(), "scratch", root_).ok());
+  EXPECT_FALSE(Exists(scratch));
+  EXPECT_TRUE(Exists(outside_ + "/secret"));
+  // Gone already, a plain file, a link to a directory: each is fine.
+  EXPECT_TRUE(RemoveTreeAt(root.get(), "scratch", root_).ok());
+  ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/linked").c_str()), 0);
+  EXPECT_TRUE(RemoveTreeAt(root.get(), "linked", root_).ok());
+  EXPECT_TRUE(Exists(outside_ + "/secret"));
+  EXPECT_FALSE(Exists(root_ + "/linked"));
+  EXPECT_EQ(RemoveTreeAt(root.get(), "../outside", root_).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RemoveTreeAt(root.get(), "..", root_).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Exists(outside_ + "/secret"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Openat2AndWalk, SafePathTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "openat2" : "openat_walk";
