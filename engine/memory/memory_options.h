@@ -4,14 +4,28 @@
 // code fills it.
 
 #include <cstdint>
+#include <string>
 
 namespace ferry {
 
 struct MemoryOptions {
   enum class Policy { kAuto, kStatic };
   Policy policy = Policy::kAuto;
-  // Host bytes for model data (host copies of chunks); 0: no limit.
+  // Host bytes for model data: host copies of chunks, the disk tier's
+  // staging buffers, and the model's values while they move into chunks at
+  // construction. Enforced: a host allocation past it fails with a message.
+  // 0: no limit of its own (the worker passes a default it derives from the
+  // machine; see DefaultHostBudgetBytes in tier_plan.h).
   uint64_t host_budget_bytes = 0;
+  // The disk tier: a directory for chunk files (created if missing; the
+  // manager's files live in a scratch directory inside it, removed when the
+  // manager goes) and the bytes they may take. An empty directory or a zero
+  // budget turns the tier off: every payload then lives on the host.
+  std::string disk_dir;
+  uint64_t disk_budget_bytes = 0;
+  // Read and write disk files with O_DIRECT (page cache bypassed) where the
+  // file system allows it.
+  bool disk_direct_io = true;
   // The most elements a chunk may hold; 0 searches for a size.
   int64_t chunk_elements = 0;
   // The search tries multiples of this; 0 lets the trainer use the model's

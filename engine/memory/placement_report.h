@@ -31,8 +31,23 @@ struct StepMemoryStats {
   // Model data by tier and kind at the end of the step.
   uint64_t device_bytes[3] = {0, 0, 0};
   uint64_t host_bytes[3] = {0, 0, 0};
+  uint64_t disk_bytes[3] = {0, 0, 0};
   int device_chunks = 0;
   int host_chunks = 0;
+  // Chunks whose optimizer states live on disk.
+  int disk_chunks = 0;
+  // Host memory the manager holds for model data at the end of the step
+  // (host copies and staging buffers), and the most it held during it.
+  uint64_t host_model_bytes = 0;
+  uint64_t peak_host_model_bytes = 0;
+  // Bytes moved between host memory and the disk tier.
+  uint64_t host_to_disk_bytes = 0;
+  uint64_t disk_to_host_bytes = 0;
+  // Seconds the disk tier's threads spent reading and writing (overlapping
+  // the step), and the part of the step spent waiting for them (exposed).
+  double disk_read_seconds = 0;
+  double disk_write_seconds = 0;
+  double disk_wait_seconds = 0;
   // Stages that recomputed their activations in this step.
   std::vector<int> recomputed_stages;
   // Seconds the step spent copying chunks between host and device.
@@ -44,14 +59,18 @@ struct PayloadReport {
   std::string id;
   PayloadKind kind = PayloadKind::kParam;
   int chunk = 0;
-  // Where its values are: "device", "host", "both" (current on both), or
-  // "none" (nothing to keep, e.g. gradients between steps).
+  // Where its values are: "device", "host", "disk", "both" (current on
+  // the device and the host side), or "none" (nothing to keep, e.g.
+  // gradients between steps).
   std::string tier;
   uint64_t bytes = 0;
   // Memory it holds now on each tier (a device buffer may hold stale values;
-  // a host buffer, once allocated, is kept).
+  // a host buffer of a host-homed payload, once allocated, is kept).
   uint64_t device_bytes = 0;
   uint64_t host_bytes = 0;
+  uint64_t disk_bytes = 0;
+  // Where its authoritative host-side copy lives: "host" or "disk".
+  std::string home = "host";
   // The chunk's tensors' state: "compute" if any computes, else the state
   // they share, else "mixed".
   std::string state;
@@ -84,6 +103,15 @@ struct PlacementReport {
   // What the policy plans to fill: capacity less the margin.
   uint64_t limit_bytes = 0;
   uint64_t host_budget_bytes = 0;
+  // The disk tier: its scratch directory ("" when off) and budget.
+  std::string disk_dir;
+  uint64_t disk_budget_bytes = 0;
+  // The tier plan's predictions: peak host bytes for model data, bytes on
+  // disk, and disk traffic per step.
+  uint64_t planned_host_bytes = 0;
+  uint64_t planned_disk_bytes = 0;
+  uint64_t planned_disk_read_bytes = 0;
+  uint64_t planned_disk_write_bytes = 0;
   int64_t chunk_elements = 0;
   double chunk_waste_fraction = 0;
   std::vector<PayloadReport> payloads;

@@ -60,6 +60,9 @@ struct StepReport {
   // host and device.
   struct Times {
     double data = 0, forward = 0, backward = 0, optimizer = 0, transfers = 0;
+    // Waiting for the disk tier (reads and writes not hidden behind other
+    // work), part of the optimizer's time.
+    double disk = 0;
   } times;
 };
 
