@@ -40,9 +40,11 @@ std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<Chun
   std::vector<int> first, last;
   BackwardSpan(input, &first, &last);
   std::vector<uint64_t> need(input.non_model_bytes);
-  uint64_t largest_homed = 0;
+  uint64_t largest_temp = 0;
   for (size_t c = 0; c < classes.size(); ++c) {
     const uint64_t p = input.param_bytes[c];
+    const uint64_t g = input.grad(c);
+    const uint64_t o = input.optimizer(c);
     const int grad_end = classes[c] == ChunkClass::kDeviceHomed ? optimizer : last[c];
     for (int period = 0; period < static_cast<int>(periods); ++period) {
       const auto& used = input.period_chunks[static_cast<size_t>(period)];
@@ -50,7 +52,7 @@ std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<Chun
       uint64_t bytes = 0;
       switch (classes[c]) {
         case ChunkClass::kDeviceHomed:
-          bytes = p + 2 * p;  // P and O, always
+          bytes = p + o;  // P and O, always
           break;
         case ChunkClass::kPinnedParams:
           bytes = p;
@@ -59,13 +61,13 @@ std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<Chun
           bytes = uses ? p : 0;
           break;
       }
-      if (first[c] >= 0 && period >= first[c] && period <= grad_end) bytes += p;  // G
+      if (first[c] >= 0 && period >= first[c] && period <= grad_end) bytes += g;
       need[static_cast<size_t>(period)] += bytes;
     }
-    if (classes[c] == ChunkClass::kDeviceHomed) largest_homed = std::max(largest_homed, p);
+    if (classes[c] == ChunkClass::kDeviceHomed) largest_temp = std::max(largest_temp, input.update_temp(c));
   }
-  // A device-side update needs one chunk-sized temporary.
-  if (optimizer >= 0) need[static_cast<size_t>(optimizer)] += largest_homed;
+  // Device-side updates run one chunk at a time, each with its temporaries.
+  if (optimizer >= 0) need[static_cast<size_t>(optimizer)] += largest_temp;
   return need;
 }
 
@@ -75,10 +77,10 @@ uint64_t PlannedTraffic(const PlanInput& input, const std::vector<ChunkClass>& c
     const uint64_t p = input.param_bytes[c];
     switch (classes[c]) {
       case ChunkClass::kStreamed:
-        traffic += 3 * p;
+        traffic += 2 * p + input.grad(c);
         break;
       case ChunkClass::kPinnedParams:
-        traffic += 2 * p;
+        traffic += p + input.grad(c);
         break;
       case ChunkClass::kDeviceHomed:
         break;

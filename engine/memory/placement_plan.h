@@ -45,9 +45,20 @@ struct PlanInput {
   // last period is the optimizer.
   int forward_periods = 0;
   int backward_periods = 0;
-  // Per chunk: bytes of its parameters (its gradients are as large, its
-  // optimizer states twice as large).
+  // Per chunk: bytes of its parameters.
   std::vector<uint64_t> param_bytes;
+  // Per chunk: bytes of its gradients (empty: as large as its parameters),
+  // of its optimizer states (empty: twice its parameters, fp32's two
+  // moments; in mixed precision the fp32 masters make them six times
+  // 2-byte parameters), and of the temporaries an update on the device
+  // allocates (empty: as large as its parameters).
+  std::vector<uint64_t> grad_bytes;
+  std::vector<uint64_t> optimizer_bytes;
+  std::vector<uint64_t> update_temp_bytes;
+
+  uint64_t grad(size_t c) const { return grad_bytes.empty() ? param_bytes[c] : grad_bytes[c]; }
+  uint64_t optimizer(size_t c) const { return optimizer_bytes.empty() ? 2 * param_bytes[c] : optimizer_bytes[c]; }
+  uint64_t update_temp(size_t c) const { return update_temp_bytes.empty() ? param_bytes[c] : update_temp_bytes[c]; }
 };
 
 struct Plan {
@@ -64,8 +75,9 @@ struct Plan {
 // Device bytes each period needs under `classes`.
 std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<ChunkClass>& classes);
 
-// Predicted traffic per steady step: kStreamed 12 B per parameter byte of 4
-// (P in for forward, again for backward, G out), kPinnedParams 8, kDeviceHomed 0.
+// Predicted traffic between host and device per steady step: kStreamed P in
+// for the forward and again for the backward, G out; kPinnedParams P in
+// (after its host update) and G out; kDeviceHomed nothing.
 uint64_t PlannedTraffic(const PlanInput& input, const std::vector<ChunkClass>& classes);
 
 // Evaluates `classes` against the input.

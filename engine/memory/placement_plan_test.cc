@@ -39,6 +39,31 @@ TEST(PlacementPlanTest, NeedsCountWhatEachClassKeepsOnTheDevice) {
   EXPECT_EQ(need[4], 40u + 400u + 100u);
 }
 
+TEST(PlacementPlanTest, MixedPrecisionHomingCountsItsOptimizerStatesAndTemporaries) {
+  // bf16: 100 bytes of weights and of gradients, 600 of optimizer states
+  // (two fp32 moments and the fp32 master), and an update on the device
+  // allocating 400 (fp32 gradients and the denominator).
+  PlanInput in = FourStages(1 << 20);
+  in.grad_bytes = {100, 100, 100, 100};
+  in.optimizer_bytes = {600, 600, 600, 600};
+  in.update_temp_bytes = {400, 400, 400, 400};
+  using C = ChunkClass;
+  std::vector<uint64_t> need = PeriodNeeds(in, {C::kDeviceHomed, C::kStreamed, C::kStreamed, C::kStreamed});
+  EXPECT_EQ(need[1], 20u + 100u + 600u + 100u) << "P0 and O0, and P1 for its forward";
+  EXPECT_EQ(need[8], 100u + 600u + 100u + 400u);
+  // Homing chunk 0 fits 540 bytes when its states are fp32's 2 x P
+  // (B3 holds P0, O0, P3 and G3), not when they are six times its weights;
+  // so auto homes nothing there.
+  const std::vector<ChunkClass> home0 = {C::kDeviceHomed, C::kStreamed, C::kStreamed, C::kStreamed};
+  PlanInput fp32 = FourStages(540);
+  EXPECT_TRUE(EvaluatePlan(fp32, home0).feasible);
+  in.limit_bytes = 540;
+  EXPECT_FALSE(EvaluatePlan(in, home0).feasible);
+  Plan plan = PlanAuto(in);
+  ASSERT_TRUE(plan.feasible);
+  for (ChunkClass c : plan.classes) EXPECT_NE(c, C::kDeviceHomed);
+}
+
 TEST(PlacementPlanTest, TrafficIsTwelveEightOrZeroBytesPerFourOfParameters) {
   PlanInput in = FourStages(1 << 20);
   using C = ChunkClass;
