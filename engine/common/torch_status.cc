@@ -16,6 +16,8 @@ absl::Status StatusFromCurrentException(absl::string_view context) {
         absl::StrCat(context, ": out of memory: ", e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(context, ": ", e.what_without_backtrace()));
+  } catch (const StatusException& e) {
+    return absl::Status(e.status().code(), absl::StrCat(context, ": ", e.status().message()));
   } catch (const ResourceExhaustedException& e) {
     return absl::ResourceExhaustedError(absl::StrCat(context, ": ", e.what()));
   } catch (const std::bad_alloc&) {

@@ -23,9 +23,22 @@ class ResourceExhaustedException : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown where no Status can be returned to carry one that can (a disk
+// tier's I/O error, a damaged chunk file); maps back to it.
+class StatusException : public std::runtime_error {
+ public:
+  explicit StatusException(absl::Status status)
+      : std::runtime_error(std::string(status.message())), status_(std::move(status)) {}
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
 // Maps the exception currently being handled to a Status whose message starts
 // with `context`. Out-of-memory errors and ResourceExhaustedException map to
-// RESOURCE_EXHAUSTED, everything else to INTERNAL. Call only from inside a
+// RESOURCE_EXHAUSTED, a StatusException to its status, everything else to
+// INTERNAL. Call only from inside a
 // catch block.
 absl::Status StatusFromCurrentException(absl::string_view context);
 

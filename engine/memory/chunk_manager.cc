@@ -121,9 +121,17 @@ struct ChunkManager::Payload {
   at::Tensor device;
   bool resident = false;
   bool device_valid = false;
-  // The host copy, allocated on first need and kept.
+  // The host copy: for a host-homed payload, allocated on first need and
+  // kept while needed; for a disk-homed one, a view of a staging buffer
+  // (`staging`) while it is loaded.
   at::Tensor host;
   bool host_valid = false;
+  // Where its authoritative host-side copy lives, and for kDisk its file
+  // and whether that holds its current values.
+  Tier home = Tier::kHost;
+  int disk_file = -1;
+  bool disk_valid = false;
+  int staging = -1;
   // The plan keeps it on the device.
   bool pinned = false;
   // Fetched ahead of its period and not used since.
@@ -211,6 +219,50 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       p.device = MakeDeviceBuffer(device, p.numel, p.dtype);
     }
   }
+  // Where each chunk's host side lives; the model's values as built count
+  // against the host budget until they move into chunks.
+  TierInput tiers;
+  for (const Chunk& chunk : m->chunks_) {
+    tiers.param_bytes.push_back(chunk.payloads[0].bytes);
+    tiers.grad_bytes.push_back(chunk.payloads[1].bytes);
+    tiers.optimizer_bytes.push_back(chunk.payloads[2].bytes);
+  }
+  for (const ManagedParam& p : params) {
+    tiers.construction_bytes += static_cast<uint64_t>(p.tensor.numel()) * p.tensor.element_size();
+  }
+  tiers.masters_with_optimizer = m->mixed();
+  tiers.host_limit_bytes = options.host_budget_bytes;
+  tiers.disk_limit_bytes = options.disk_dir.empty() ? 0 : options.disk_budget_bytes;
+  m->tier_plan_ = PlanTiers(tiers);
+  if (!m->tier_plan_.feasible) return absl::ResourceExhaustedError(m->tier_plan_.problem);
+  uint64_t largest_on_disk = 0;
+  for (size_t c = 0; c < m->chunks_.size(); ++c) {
+    if (m->tier_plan_.optimizer_tier[c] != Tier::kDisk) continue;
+    Payload& o = m->chunks_[c].payloads[static_cast<int>(PayloadKind::kOptimizer)];
+    o.home = Tier::kDisk;
+    largest_on_disk = std::max(largest_on_disk, o.bytes);
+  }
+  if (largest_on_disk > 0) {
+    DiskStoreOptions disk;
+    disk.dir = options.disk_dir;
+    disk.budget_bytes = options.disk_budget_bytes;
+    disk.direct_io = options.disk_direct_io;
+    absl::StatusOr<std::unique_ptr<DiskStore>> store = DiskStore::Open(disk);
+    if (!store.ok()) return store.status();
+    m->disk_ = *std::move(store);
+    for (Chunk& chunk : m->chunks_) {
+      Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+      if (o.home != Tier::kDisk) continue;
+      absl::StatusOr<int> file = m->disk_->AddFile(absl::StrCat("o", chunk.id), o.bytes);
+      if (!file.ok()) return file.status();
+      o.disk_file = *file;
+    }
+    for (int b = 0; b < kDiskStagingBuffers; ++b) {
+      m->staging_.emplace_back(largest_on_disk);
+      m->AddHostBytes(static_cast<int64_t>(m->staging_.back().size()));
+    }
+  }
+  m->AddHostBytes(static_cast<int64_t>(tiers.construction_bytes));
   m->tensors_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const TensorSlot& slot = m->layout_.slots[i];
@@ -243,22 +295,33 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     m->period_chunks_[static_cast<size_t>(m->BackwardPeriod(s))] = m->stage_chunks_[static_cast<size_t>(s)];
   }
 
-  // The parameters' values go to the chunks' host copies; the parameters
-  // become views of the device copies, their gradients of the gradient
-  // chunks'.
+  // The parameters' values go to the chunks' host-side copies a chunk at a
+  // time; each parameter then becomes a view of its chunk's device copy
+  // (its gradient of the gradient chunk's), which frees the memory it was
+  // built in before the next chunk takes more.
   absl::Status status = CallTorch("placing parameters in chunks", [&]() -> absl::Status {
+    // Disk-homed masters are written behind, through the staging buffers in
+    // turn.
+    std::vector<std::pair<Payload*, DiskStore::Ticket>> writing(m->staging_.size(), {nullptr, 0});
+    int next_buffer = 0;
     for (Chunk& chunk : m->chunks_) {
       Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
+      Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
       m->EnsureHost(p);
       HostAllocationScope host;
       // fp32: the parameter chunk is the master. Mixed precision: the master
       // sits with the optimizer states, the parameters are its rounded copy.
       at::Tensor master = p.host;
       if (m->mixed()) {
-        Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
-        m->EnsureHost(o);
+        if (o.home == Tier::kDisk) {
+          auto& [previous, ticket] = writing[static_cast<size_t>(next_buffer)];
+          if (previous != nullptr) m->FinishStore(*previous, ticket);
+          m->AttachStaging(o, next_buffer);
+          next_buffer = (next_buffer + 1) % static_cast<int>(m->staging_.size());
+        } else {
+          m->EnsureHost(o);
+        }
         o.host.zero_();
-        o.host_valid = true;
         chunk.optimizer_initialized = true;
         master = o.host.narrow(0, 2 * chunk.capacity, chunk.capacity);
       }
@@ -267,15 +330,23 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
         const ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
         master.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
       }
-      if (m->mixed()) p.host.copy_(master);
+      if (m->mixed()) {
+        p.host.copy_(master);
+        o.host_valid = true;
+        if (o.home == Tier::kDisk) writing[static_cast<size_t>(o.staging)] = {&o, m->StartStore(o)};
+      }
       p.host_valid = true;
+      for (int i : chunk.tensors) {
+        ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
+        const std::vector<int64_t> shape = t.param.sizes().vec();
+        m->AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
+        t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
+        t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
+        t.state = Transition(t.name, t.state, TensorState::kHold);
+      }
     }
-    for (ManagedTensor& t : m->tensors_) {
-      Chunk& chunk = m->chunks_[static_cast<size_t>(t.chunk)];
-      const std::vector<int64_t> shape = t.param.sizes().vec();
-      t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
-      t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
-      t.state = Transition(t.name, t.state, TensorState::kHold);
+    for (auto& [o, ticket] : writing) {
+      if (o != nullptr) m->FinishStore(*o, ticket);
     }
     return absl::OkStatus();
   });
@@ -330,17 +401,82 @@ void ChunkManager::Release(Payload& p) {
   p.prefetched = false;
 }
 
+void ChunkManager::AddHostBytes(int64_t bytes) {
+  host_model_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(host_model_bytes_) + bytes);
+  peak_host_model_bytes_ = std::max(peak_host_model_bytes_, host_model_bytes_);
+}
+
 void ChunkManager::EnsureHost(Payload& p) {
   if (p.host.defined()) return;
+  if (p.home == Tier::kDisk) {
+    throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind),
+                                        ": a disk-homed payload has no host buffer of its own"));
+  }
   if (options_.host_budget_bytes > 0 && host_model_bytes_ + p.bytes > options_.host_budget_bytes) {
     throw ResourceExhaustedException(absl::StrCat(
         "memory.host_budget: model data needs more than its ", Mib(options_.host_budget_bytes),
-        " of host memory (", Mib(host_model_bytes_), " placed, ", Mib(p.bytes),
-        " more for chunk ", p.chunk, "); raise memory.host_budget or memory.device_budget, "
-        "or use a smaller model"));
+        " of host memory (", Mib(host_model_bytes_), " held, ", Mib(p.bytes), " more for chunk ", p.chunk,
+        "); raise memory.host_budget, give the job a disk tier (memory.disk_budget), or use a smaller model"));
   }
   p.host = device_->AllocateHost(p.numel, p.dtype);
-  host_model_bytes_ += p.bytes;
+  AddHostBytes(static_cast<int64_t>(p.bytes));
+}
+
+void ChunkManager::ReleaseHost(Payload& p) {
+  if (p.home == Tier::kDisk) {
+    DetachStaging(p);
+    return;
+  }
+  p.host_valid = false;
+  if (!p.host.defined()) return;
+  p.host = at::Tensor();
+  AddHostBytes(-static_cast<int64_t>(p.bytes));
+}
+
+void ChunkManager::AttachStaging(Payload& p, int buffer) {
+  const AlignedBuffer& b = staging_.at(static_cast<size_t>(buffer));
+  p.host = at::from_blob(b.data(), {p.numel}, at::TensorOptions().dtype(p.dtype).device(at::kCPU));
+  p.staging = buffer;
+  p.host_valid = false;
+}
+
+void ChunkManager::DetachStaging(Payload& p) {
+  p.host = at::Tensor();
+  p.staging = -1;
+  p.host_valid = false;
+}
+
+void ChunkManager::WaitDisk(DiskStore::Ticket ticket) const {
+  absl::Status status = disk_->Wait(ticket);
+  if (!status.ok()) throw StatusException(std::move(status));
+}
+
+DiskStore::Ticket ChunkManager::StartLoad(Payload& p, int buffer) {
+  AttachStaging(p, buffer);
+  if (!p.disk_valid) return 0;
+  return disk_->Read(p.disk_file, p.host.data_ptr());
+}
+
+void ChunkManager::FinishLoad(Payload& p, DiskStore::Ticket ticket) {
+  if (p.disk_valid) {
+    WaitDisk(ticket);
+  } else {
+    // Never written: optimizer states before their first update.
+    HostAllocationScope host;
+    p.host.zero_();
+  }
+  p.host_valid = true;
+}
+
+DiskStore::Ticket ChunkManager::StartStore(Payload& p) {
+  p.disk_valid = false;
+  return disk_->Write(p.disk_file, p.host.data_ptr());
+}
+
+void ChunkManager::FinishStore(Payload& p, DiskStore::Ticket ticket) {
+  WaitDisk(ticket);
+  p.disk_valid = true;
+  DetachStaging(p);
 }
 
 bool ChunkManager::Preserve(const Payload& p) const {
@@ -360,13 +496,20 @@ bool ChunkManager::Preserve(const Payload& p) const {
 
 void ChunkManager::Evict(Payload& p) {
   if (!p.resident) return;
-  if (p.device_valid && !p.host_valid && Preserve(p)) {
-    EnsureHost(p);
+  const bool saved = p.host_valid || (p.home == Tier::kDisk && p.disk_valid);
+  if (p.device_valid && !saved && Preserve(p)) {
+    if (p.home == Tier::kDisk) {
+      AttachStaging(p, 0);
+    } else {
+      EnsureHost(p);
+    }
     const auto start = std::chrono::steady_clock::now();
     device_->CopyToHost(p.device, p.host);
+    if (p.home == Tier::kDisk) device_->SynchronizeTransfers();  // before the write reads it
     stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.device_to_host_bytes += p.bytes;
     p.host_valid = true;
+    if (p.home == Tier::kDisk) FinishStore(p, StartStore(p));
   }
   Release(p);
 }
@@ -387,9 +530,16 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
     p.host_valid = false;
   } else if (p.kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) {
     p.device.zero_();
-  } else if (p.host_valid) {
+  } else if (p.host_valid || (p.home == Tier::kDisk && p.disk_valid)) {
+    const bool staged = !p.host_valid;
+    if (staged) FinishLoad(p, StartLoad(p, 0));
     const auto start = std::chrono::steady_clock::now();
     device_->CopyToDevice(p.host, p.device);
+    if (staged) {
+      // The staging buffer is reused at once: the copy must be done.
+      device_->SynchronizeTransfers();
+      DetachStaging(p);
+    }
     stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.host_to_device_bytes += p.bytes;
     if (current_period_ >= 0 && static_cast<size_t>(current_period_) < step_periods_.size()) {
@@ -441,7 +591,7 @@ void ChunkManager::MakeRoom(uint64_t bytes, int period, const std::vector<Payloa
       c.bytes = p.bytes;
       c.next_use_distance = NextUseDistance(p.uses, period, cycle());
       c.dead = !p.device_valid || !Preserve(p);
-      c.clean = c.dead || p.host_valid;
+      c.clean = c.dead || p.host_valid || p.disk_valid;
       candidates.push_back(c);
       handles.push_back(&p);
     }
@@ -746,7 +896,17 @@ PlanInput ChunkManager::MakePlanInput() const {
   in.period_chunks = period_chunks_;
   in.forward_periods = stage_count();
   in.backward_periods = stage_count();
-  for (const Chunk& chunk : chunks_) in.param_bytes.push_back(chunk.payloads[0].bytes);
+  const bool cpu_update = device_->compute_device().is_cpu();
+  for (const Chunk& chunk : chunks_) {
+    in.param_bytes.push_back(chunk.payloads[0].bytes);
+    in.grad_bytes.push_back(chunk.payloads[1].bytes);
+    in.optimizer_bytes.push_back(chunk.payloads[2].bytes);
+    // A device-side update with LibTorch ops allocates the denominator
+    // (fp32) and, in mixed precision, fp32 gradients; the simulated device
+    // runs the CPU kernel in place.
+    const uint64_t fp32 = static_cast<uint64_t>(chunk.capacity) * 4;
+    in.update_temp_bytes.push_back(cpu_update ? 0 : mixed() ? 2 * fp32 : fp32);
+  }
   return in;
 }
 
@@ -878,6 +1038,7 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
   backward_started_.assign(stages_.size(), false);
   backward_done_.assign(stages_.size(), false);
   grad_sq_sum_ = 0;
+  if (disk_ != nullptr) disk_at_step_start_ = disk_->stats();
 }
 
 void ChunkManager::UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper) {
@@ -938,6 +1099,27 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
     hyper.grad_scale = clip / loss_scale;
     device_->SynchronizeTransfers();
     const bool cpu_device = device_->compute_device().is_cpu();
+    // Chunks whose optimizer states are on disk are updated through the
+    // staging buffers as a pipeline: while chunk k is updated, chunk k+1's
+    // states are being read and chunk k-1's written. Chunks go in forward
+    // order, so the next forward's first chunks are the first ready.
+    std::vector<Chunk*> from_disk;
+    for (Chunk& chunk : chunks_) {
+      Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
+      if (o.home == Tier::kDisk && !(plan_applied_ && chunk.device_homed())) from_disk.push_back(&chunk);
+    }
+    const size_t buffers = staging_.size();
+    std::vector<DiskStore::Ticket> reads(from_disk.size(), 0), writes(from_disk.size(), 0);
+    auto states = [&](size_t k) -> Payload& {
+      return from_disk[k]->payloads[static_cast<int>(PayloadKind::kOptimizer)];
+    };
+    auto start_read = [&](size_t k) {
+      if (k < from_disk.size()) reads[k] = StartLoad(states(k), static_cast<int>(k % buffers));
+    };
+    // Reads run ahead by buffers - 1 chunks: the last buffer is the one
+    // being written behind.
+    for (size_t k = 0; k + 1 < buffers; ++k) start_read(k);
+    size_t next_disk = 0;
     for (Chunk& chunk : chunks_) {
       Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
       Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
@@ -957,22 +1139,45 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
           FlatAdamWStep(p.device.narrow(0, 0, n), g.device.narrow(0, 0, n), o.device.narrow(0, 0, n),
                         o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
         }
-        p.host_valid = false;
-        o.host_valid = false;
+        // The device copies are the only current ones: the host (and the
+        // disk) no longer mirror them.
+        ReleaseHost(p);
+        ReleaseHost(o);
+        o.disk_valid = false;
+        ReleaseHost(g);
         Release(g);  // used up; the next backward starts it afresh
       } else {
         if (!p.host_valid || !g.host_valid) {
           throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
         }
-        EnsureHost(o);
-        if (!chunk.optimizer_initialized) {
-          HostAllocationScope host;
-          o.host.zero_();
+        const bool on_disk = o.home == Tier::kDisk;
+        const size_t k = next_disk;
+        if (on_disk) {
+          const auto wait_start = std::chrono::steady_clock::now();
+          FinishLoad(o, reads[k]);
+          stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+        } else {
+          EnsureHost(o);
+          if (!chunk.optimizer_initialized) {
+            HostAllocationScope host;
+            o.host.zero_();
+          }
         }
         UpdateOnCpu(chunk, /*device_copies=*/false, hyper);
         o.host_valid = true;
         g.host_valid = false;
         p.device_valid = false;
+        if (on_disk) {
+          writes[k] = StartStore(o);
+          ++next_disk;
+          // Chunk k-1's buffer is the one chunk k+buffers-1 reads into.
+          if (k >= 1) {
+            const auto wait_start = std::chrono::steady_clock::now();
+            FinishStore(states(k - 1), writes[k - 1]);
+            stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+          }
+          start_read(k + buffers - 1);
+        }
         if (p.pinned) {
           Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
         } else {
@@ -980,6 +1185,11 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
         }
       }
       chunk.optimizer_initialized = true;
+    }
+    if (!from_disk.empty()) {
+      const auto wait_start = std::chrono::steady_clock::now();
+      FinishStore(states(from_disk.size() - 1), writes.back());
+      stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     }
   }
   for (ManagedTensor& t : tensors_) t.state = Transition(t.name, t.state, TensorState::kHold);
@@ -996,9 +1206,22 @@ StepMemoryStats ChunkManager::EndStep() {
         stats_.device_bytes[k] += p.bytes;
         on_device = true;
       }
-      if (p.host.defined()) stats_.host_bytes[k] += p.bytes;
+      if (p.host.defined() && p.home == Tier::kHost) stats_.host_bytes[k] += p.bytes;
+      if (p.disk_file >= 0) stats_.disk_bytes[k] += disk_->file_bytes(p.disk_file);
     }
     on_device ? ++stats_.device_chunks : ++stats_.host_chunks;
+    if (chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)].home == Tier::kDisk) ++stats_.disk_chunks;
+  }
+  // The staging buffers hold optimizer states on their way to and from disk.
+  for (const AlignedBuffer& b : staging_) stats_.host_bytes[static_cast<int>(PayloadKind::kOptimizer)] += b.size();
+  stats_.host_model_bytes = host_model_bytes_;
+  stats_.peak_host_model_bytes = peak_host_model_bytes_;
+  if (disk_ != nullptr) {
+    const DiskStats now = disk_->stats();
+    stats_.disk_to_host_bytes = now.read_bytes - disk_at_step_start_.read_bytes;
+    stats_.host_to_disk_bytes = now.write_bytes - disk_at_step_start_.write_bytes;
+    stats_.disk_read_seconds = now.read_seconds - disk_at_step_start_.read_seconds;
+    stats_.disk_write_seconds = now.write_seconds - disk_at_step_start_.write_seconds;
   }
   warmup_ = false;
   for (auto& fn : stage_fns_) fn = nullptr;
@@ -1013,6 +1236,12 @@ PlacementReport ChunkManager::Placement() const {
   r.capacity_bytes = device_->capacity_bytes();
   r.limit_bytes = MakePlanInput().limit_bytes;
   r.host_budget_bytes = options_.host_budget_bytes;
+  r.disk_dir = disk_ != nullptr ? disk_->scratch_dir() : "";
+  r.disk_budget_bytes = disk_ != nullptr ? options_.disk_budget_bytes : 0;
+  r.planned_host_bytes = tier_plan_.host_bytes;
+  r.planned_disk_bytes = tier_plan_.disk_bytes;
+  r.planned_disk_read_bytes = tier_plan_.disk_read_bytes_per_step;
+  r.planned_disk_write_bytes = tier_plan_.disk_write_bytes_per_step;
   r.chunk_elements = layout_.chunk_elements;
   r.chunk_waste_fraction = layout_.waste_fraction();
   r.planned_traffic_bytes = plan_.traffic_bytes;
@@ -1034,10 +1263,17 @@ PlacementReport ChunkManager::Placement() const {
       pr.id = absl::StrCat(std::string(1, PayloadKindName(p.kind)[0]), chunk.id);
       pr.kind = p.kind;
       pr.chunk = chunk.id;
-      pr.tier = p.resident && p.host_valid ? "both" : p.resident ? "device" : p.host_valid ? "host" : "none";
+      const bool host_side = p.host_valid || p.disk_valid;
+      pr.tier = p.resident && p.device_valid && host_side ? "both"
+                : p.resident && p.device_valid          ? "device"
+                : p.host_valid                          ? "host"
+                : p.disk_valid                          ? "disk"
+                                                        : "none";
       pr.bytes = p.bytes;
       pr.device_bytes = p.resident ? p.bytes : 0;
-      pr.host_bytes = p.host.defined() ? p.bytes : 0;
+      pr.host_bytes = p.host.defined() && p.home == Tier::kHost ? p.bytes : 0;
+      pr.disk_bytes = p.disk_file >= 0 ? disk_->file_bytes(p.disk_file) : 0;
+      pr.home = TierName(p.home);
       pr.state = state;
       pr.chunk_class = chunk.chunk_class;
       pr.tensors = static_cast<int>(chunk.tensors.size());
@@ -1066,9 +1302,15 @@ PlacementReport ChunkManager::Placement() const {
   return r;
 }
 
-const at::Tensor& ChunkManager::CurrentCopy(const Payload& p) const {
-  if (p.host_valid) return p.host;
-  if (p.resident && p.device_valid) return p.device;
+void ChunkManager::WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const {
+  if (p.host_valid) return fn(p.host);
+  if (p.resident && p.device_valid) return fn(p.device);
+  if (p.home == Tier::kDisk && p.disk_valid) {
+    // Read into the first staging buffer, which is free between steps.
+    const AlignedBuffer& b = staging_.front();
+    WaitDisk(disk_->Read(p.disk_file, b.data()));
+    return fn(at::from_blob(b.data(), {p.numel}, at::TensorOptions().dtype(p.dtype).device(at::kCPU)));
+  }
   throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": no current copy"));
 }
 
@@ -1081,9 +1323,11 @@ std::vector<at::Tensor> ChunkManager::ParameterValues() const {
     // The master: the parameter chunk in fp32, after the moments otherwise.
     const Payload& m = chunk.payloads[static_cast<int>(mixed() ? PayloadKind::kOptimizer : PayloadKind::kParam)];
     const int64_t base = mixed() ? 2 * chunk.capacity : 0;
-    values.push_back(CurrentCopy(m).narrow(0, base + t.offset, t.numel)
-                         .to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                         .view(t.param.sizes()));
+    WithCurrentCopy(m, [&](const at::Tensor& current) {
+      values.push_back(current.narrow(0, base + t.offset, t.numel)
+                           .to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                           .view(t.param.sizes()));
+    });
   }
   return values;
 }
@@ -1127,9 +1371,11 @@ std::string ChunkManager::SaveState() const {
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       const Payload& p = chunk.payloads[static_cast<int>(kind)];
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
-      const at::Tensor current = CurrentCopy(p).to(at::kCPU).contiguous();
       AppendInt(&out, static_cast<int64_t>(p.bytes));
-      out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
+      WithCurrentCopy(p, [&](const at::Tensor& copy) {
+        const at::Tensor current = copy.to(at::kCPU).contiguous();
+        out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
+      });
     }
   }
   return out;
@@ -1162,6 +1408,7 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
       if (kind == PayloadKind::kOptimizer && initialized == 0) {
         if (p.resident) Release(p);
         p.host_valid = false;
+        p.disk_valid = false;
         continue;
       }
       int64_t bytes = 0;
@@ -1170,10 +1417,15 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
         return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
       }
       if (p.resident) Release(p);
-      EnsureHost(p);
+      if (p.home == Tier::kDisk) {
+        AttachStaging(p, 0);
+      } else {
+        EnsureHost(p);
+      }
       std::memcpy(p.host.data_ptr(), state.data() + at, static_cast<size_t>(bytes));
       at += static_cast<size_t>(bytes);
       p.host_valid = true;
+      if (p.home == Tier::kDisk) FinishStore(p, StartStore(p));
     }
     chunk.optimizer_initialized = initialized != 0;
   }

@@ -34,11 +34,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/memory/chunk_layout.h"
+#include "engine/memory/disk_store.h"
 #include "engine/memory/memory_device.h"
 #include "engine/memory/memory_options.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
 #include "engine/memory/tensor_state.h"
+#include "engine/memory/tier_plan.h"
 #include "engine/optim/cpu_adam.h"
 #include "engine/optim/flat_adamw.h"
 #include "engine/parallel/communicator.h"
@@ -97,10 +99,13 @@ struct OptimizerResult {
 
 class ChunkManager {
  public:
-  // Takes over `params` (their data moves into chunks, whose host copies
-  // start with the parameters' current values) for a model run as `stages`.
-  // RESOURCE_EXHAUSTED when the host budget cannot hold the parameters,
-  // INVALID_ARGUMENT for a chunk size that cannot hold a parameter.
+  // Takes over `params` (their data moves into chunks, whose host-side
+  // copies start with the parameters' current values; each parameter's own
+  // memory is freed as its chunk is filled) for a model run as `stages`.
+  // The tier plan (tier_plan.h) decides which chunks keep their optimizer
+  // states on disk. RESOURCE_EXHAUSTED, with the numbers per tier, when the
+  // host and disk budgets cannot hold the model's data; INVALID_ARGUMENT
+  // for a chunk size that cannot hold a parameter or an unusable disk_dir.
   static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(MemoryDevice* device,
                                                               std::vector<ManagedParam> params,
                                                               std::vector<StageParams> stages,
@@ -142,7 +147,8 @@ class ChunkManager {
   std::vector<at::Tensor> ParameterValues() const;
   // What a checkpoint keeps of the model data: every chunk's parameters and
   // optimizer states (with the fp32 masters in mixed precision), read from
-  // wherever their current copy is. Between steps.
+  // wherever their current copy is -- the device, the host or the disk.
+  // Between steps.
   std::string SaveState() const;
   // Before the first step: the chunks take SaveState()'s contents.
   // INVALID_ARGUMENT if the layout differs (another model, precision or
@@ -153,6 +159,10 @@ class ChunkManager {
   std::string ExplainOutOfMemory(const std::string& what) const;
 
   const ChunkLayout& layout() const { return layout_; }
+  const TierPlan& tier_plan() const { return tier_plan_; }
+  // Host memory held for model data now, and its peak since Create.
+  uint64_t host_model_bytes() const { return host_model_bytes_; }
+  uint64_t peak_host_model_bytes() const { return peak_host_model_bytes_; }
   bool warmup() const { return warmup_; }
 
   // Called by the backward hooks.
@@ -181,7 +191,25 @@ class ChunkManager {
 
   void Materialize(Payload& p);
   void Release(Payload& p);
+  // A host-homed payload's host buffer, allocated within the host budget
+  // on first need and kept while it is needed; ReleaseHost gives it back.
   void EnsureHost(Payload& p);
+  void ReleaseHost(Payload& p);
+  void AddHostBytes(int64_t bytes);
+  // A disk-homed payload's host side is a view of staging buffer `buffer`
+  // while it is loaded: LoadFromDisk makes it current there (from its file,
+  // or zeros if it never held values); StartStore writes it back and
+  // FinishStore waits for that and detaches it.
+  void AttachStaging(Payload& p, int buffer);
+  void DetachStaging(Payload& p);
+  DiskStore::Ticket StartLoad(Payload& p, int buffer);
+  void FinishLoad(Payload& p, DiskStore::Ticket ticket);
+  DiskStore::Ticket StartStore(Payload& p);
+  void FinishStore(Payload& p, DiskStore::Ticket ticket);
+  void WaitDisk(DiskStore::Ticket ticket) const;
+  // Calls fn with the payload's current values: its host copy, its device
+  // copy, or its disk file read into staging buffer 0.
+  void WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const;
   void Evict(Payload& p);
   // Makes the payload current on the device.
   void Fetch(Payload& p, bool prefetch);
@@ -209,9 +237,6 @@ class ChunkManager {
   absl::Status PlanAfterWarmup();
   // The placement policy's plan for `in`.
   Plan PlanFor(const PlanInput& in) const;
-  // The payload's current copy: its host copy if valid, else its resident
-  // device copy; a broken invariant (neither) throws.
-  const at::Tensor& CurrentCopy(const Payload& p) const;
   std::vector<bool> InitialRecompute() const;
   // What keeping `stage`'s activations adds to every period from its forward
   // to its backward, as the warm-up measured it.
@@ -222,6 +247,12 @@ class ChunkManager {
   PlanInput MakePlanInput() const;
 
   MemoryDevice* device_;
+  // Staging buffers for disk-homed payloads, then the store: the store goes
+  // first, waiting for its requests, before the buffers they use.
+  std::vector<AlignedBuffer> staging_;
+  std::unique_ptr<DiskStore> disk_;
+  TierPlan tier_plan_;
+  DiskStats disk_at_step_start_;
   SimdPath simd_;
   MemoryOptions options_;
   OptimizerOptions optimizer_;
@@ -262,6 +293,7 @@ class ChunkManager {
   std::vector<PeriodMeasure> step_periods_;
   double grad_sq_sum_ = 0;
   uint64_t host_model_bytes_ = 0;
+  uint64_t peak_host_model_bytes_ = 0;
   StepMemoryStats stats_;
 };
 

@@ -210,6 +210,7 @@ class ChunkedEngine : public StepEngine {
     times_.backward = Seconds(forward_end, backward_end);
     times_.optimizer = Seconds(backward_end, Clock::now());
     times_.transfers = stats_.transfer_seconds;
+    times_.disk = stats_.disk_wait_seconds;
     observer_->OnPlacement(manager_->Placement());
     return absl::OkStatus();
   }
@@ -222,6 +223,7 @@ class ChunkedEngine : public StepEngine {
     for (int k = 0; k < 3; ++k) {
       report->memory.push_back({"device", kKinds[k], stats_.device_bytes[k]});
       report->memory.push_back({"host", kKinds[k], stats_.host_bytes[k]});
+      if (manager_->tier_plan().disk_bytes > 0) report->memory.push_back({"disk", kKinds[k], stats_.disk_bytes[k]});
     }
     report->memory.push_back({"device", "activation", stats_.peak_non_model_bytes});
     report->loss_scale = used_scale_;
@@ -335,6 +337,18 @@ class ChunkedEngine : public StepEngine {
                                      layout.chunk_count(), layout.chunk_elements,
                                      100.0 * layout.waste_fraction(), PolicyName(memory.policy),
                                      device_->name(), double(device_->capacity_bytes()) / (1 << 20)));
+    const TierPlan& tiers = manager_->tier_plan();
+    if (tiers.disk_bytes > 0) {
+      const PlacementReport placement = manager_->Placement();
+      int on_disk = 0;
+      for (Tier t : tiers.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
+      observer_->OnLog(LogLevel::kInfo,
+                       absl::StrFormat("memory: optimizer states of %d of %d chunks on disk (%.2f GiB in %s), "
+                                       "host side %.2f GiB of %.2f GiB",
+                                       on_disk, layout.chunk_count(), double(tiers.disk_bytes) / (1 << 30),
+                                       placement.disk_dir, double(tiers.host_bytes) / (1 << 30),
+                                       double(memory.host_budget_bytes) / (1 << 30)));
+    }
     return absl::OkStatus();
   }
 
@@ -520,6 +534,7 @@ absl::Status Trainer::RunSteps() {
     const uint64_t host_budget = engine_.memory.has_value() ? engine_.memory->host_budget_bytes : 0;
     report.capacity = {{"device", "", device->capacity_bytes()},
                        {"host", "", host_budget > 0 ? host_budget : HostMemoryTotalBytes()}};
+    if (report.memory_stats.disk_chunks > 0) report.capacity.push_back({"disk", "", engine_.memory->disk_budget_bytes});
     observer_->OnStep(report);
     if (engine_.on_checkpoint && engine_.checkpoint_every_steps > 0 &&
         ((step + 1) % engine_.checkpoint_every_steps == 0 || step + 1 == options_.steps)) {
