@@ -214,6 +214,9 @@ absl::Status Daemon::Start() {
   service_options.machine.host_memory_bytes = HostMemoryTotalBytes();
   service_options.machine.allowed_roots = *roots;
   service_options.machine.ranks_share_host = true;
+  // A job's disk tier defaults to scratch/ in its directory there; its free
+  // space is looked at each submit (MachineFacts::disk).
+  service_options.machine.default_disk_dir = options_.state_dir + "/jobs";
   service_options.worker_binary = options_.worker_binary;
   service_options.jobs_dir = options_.state_dir + "/jobs";
   service_ = std::make_unique<FerryService>(registry_.get(), service_options);

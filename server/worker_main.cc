@@ -39,6 +39,12 @@ ABSL_FLAG(int, parent_pid, 0,
 ABSL_FLAG(std::string, allowed_roots, "",
           "Comma-separated directories the job's paths (data.path, checkpoint.dir) must stay in; they "
           "are opened beneath them without following links (ferryd passes its own). Empty: anywhere.");
+ABSL_FLAG(std::string, job_id, "",
+          "The job's id (ferryd passes it): the disk tier's files go in memory.disk_dir/ferry-ID/. Empty: "
+          "named after the training's fingerprint.");
+ABSL_FLAG(std::string, job_dir, "",
+          "The job's directory (ferryd passes it): the disk tier's files go in its scratch/ when "
+          "memory.disk_dir is unset. Empty: no disk tier without memory.disk_dir.");
 ABSL_FLAG(int, collective_timeout_s, 300,
           "Under a launcher: seconds to wait for the other ranks and for any collective.");
 
@@ -86,6 +92,8 @@ int main(int argc, char** argv) {
   options.report_fd = absl::GetFlag(FLAGS_report_fd);
   options.device = absl::GetFlag(FLAGS_device);
   options.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
+  options.job_id = absl::GetFlag(FLAGS_job_id);
+  options.job_dir = absl::GetFlag(FLAGS_job_dir);
   // Under a launcher (torchrun, a Kubernetes training operator): one process
   // per rank, told its place by the environment.
   if (!EnvInt("RANK", 0, &options.rank) || !EnvInt("WORLD_SIZE", 1, &options.world_size) ||

@@ -22,6 +22,8 @@
 #include "ferry/internal/worker.pb.h"
 #include "server/common/files.h"
 #include "google/protobuf/util/json_util.h"
+#include "engine/common/safe_path.h"
+#include "server/worker/disk_tier_dir.h"
 #include "server/worker/frame.h"
 #include "server/worker/subprocess.h"
 
@@ -149,7 +151,8 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
              "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)};
     }
     std::vector<std::string> argv = {options_.worker_binary, "--spec=" + spec_path, "--report_fd=3",
-                                     "--device=" + options_.device, absl::StrCat("--parent_pid=", getpid())};
+                                     "--device=" + options_.device, absl::StrCat("--parent_pid=", getpid()),
+                                     "--job_id=" + job_id, "--job_dir=" + job_dir};
     if (!options_.allowed_roots.empty()) argv.push_back("--allowed_roots=" + options_.allowed_roots);
     absl::StatusOr<pid_t> spawned =
         Spawn(argv, {{command_read.get(), 0}, {log.get(), 1}, {log.get(), 2}, {report_write.get(), 3}}, env);
@@ -298,6 +301,15 @@ RunOutcome ProcessExecutor::Run(const std::string& job_id, const ferry::v1::JobS
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
+  // The disk tier's chunk files are scratch: with every worker gone nothing
+  // reads them again (a restarted or resumed run starts from its
+  // checkpoint), so they go now, whatever the outcome.
+  if (absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(options_.allowed_roots); !roots.ok()) {
+    LOG(WARNING) << "job " << job_id << ": disk tier files not removed: --allowed_roots: " << roots.status();
+  } else if (absl::Status s = RemoveJobDiskDir(spec, job_id, job_dir, *roots); !s.ok()) {
+    LOG(WARNING) << "job " << job_id << ": disk tier files not removed: " << s;
+  }
+
   if (culprit == nullptr) {
     for (const auto& r : ranks) {
       if (failed_badly(*r) && !(killed || stop_sent)) {

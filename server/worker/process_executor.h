@@ -26,7 +26,8 @@ struct ProcessExecutorOptions {
 // directory, starts the worker in its own process group, relays its reports,
 // sends it a stop command when asked (and kills the group if it does not
 // stop within the grace period), and turns a crash into a FAILED outcome with
-// the cause and the end of the worker's log.
+// the cause and the end of the worker's log. Once a run's workers have
+// ended, removes the job's disk tier directory (disk_tier_dir.h).
 class ProcessExecutor : public JobExecutor {
  public:
   explicit ProcessExecutor(ProcessExecutorOptions options);

@@ -31,6 +31,11 @@ std::string Script(const std::string& name, const std::string& body) {
   return path;
 }
 
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
 ferry::v1::JobSpec TinySpec(uint64_t steps) {
   ferry::v1::JobSpec spec;
   spec.mutable_model()->set_layers(1);
@@ -104,6 +109,7 @@ TEST(ProcessExecutorTest, RunsARealWorkerToSuccess) {
   EXPECT_EQ(placement.trace_size(), 2 * 3 + 1) << "embed, one block, head: forward, backward, optimizer";
   std::ifstream spec(TempDir() + "/jobs/j-ok/spec.json");
   EXPECT_TRUE(spec.good()) << "the spec is kept in the job's directory";
+  EXPECT_FALSE(Exists(TempDir() + "/jobs/j-ok/scratch")) << "the disk tier's directory goes with the run";
 }
 
 TEST(ProcessExecutorTest, StopEndsTheWorkerAfterItsCurrentStep) {
@@ -132,6 +138,19 @@ TEST(ProcessExecutorTest, ASpecTheWorkerRejectsFailsWithItsReason) {
   EXPECT_NE(outcome.error.find("data.path"), std::string::npos) << outcome.error;
 }
 
+TEST(ProcessExecutorTest, ADiskDirectoryThatIsAFileFailsTheRunNamingIt) {
+  ProcessExecutor executor(Options(WorkerBinary()));
+  StopSignal stop;
+  Recorder recorder;
+  const std::string file = TempDir() + "/not-a-directory";
+  std::ofstream(file) << "x";
+  ferry::v1::JobSpec spec = TinySpec(3);
+  spec.mutable_memory()->set_disk_dir(file);
+  RunOutcome outcome = executor.Run("j-disk-file", spec, stop, &recorder);
+  EXPECT_EQ(outcome.state, ferry::v1::JOB_STATE_FAILED);
+  EXPECT_NE(outcome.error.find("memory.disk_dir"), std::string::npos) << outcome.error;
+}
+
 TEST(ProcessExecutorTest, ACrashedWorkerFailsTheJobWithTheCauseAndItsLastWords) {
   ProcessExecutor executor(Options(Script("crash.sh", "echo 'segfault imminent' >&2\nkill -9 $$")));
   StopSignal stop;
@@ -140,6 +159,36 @@ TEST(ProcessExecutorTest, ACrashedWorkerFailsTheJobWithTheCauseAndItsLastWords) 
   EXPECT_EQ(outcome.state, ferry::v1::JOB_STATE_FAILED);
   EXPECT_NE(outcome.error.find("killed by signal 9"), std::string::npos) << outcome.error;
   EXPECT_NE(outcome.error.find("segfault imminent"), std::string::npos) << outcome.error;
+}
+
+// A worker killed with -9 leaves its disk tier's chunk files: the executor
+// removes the job's directory for them once the run is over, under the
+// job's directory or under memory.disk_dir, leaving the rest.
+TEST(ProcessExecutorTest, TheDiskTiersFilesGoWhenTheRunEnds) {
+  const std::string leave_files = Script("leave_chunks.sh", R"(
+for a in "$@"; do case "$a" in --job_dir=*) job_dir="${a#--job_dir=}";; --job_id=*) job_id="${a#--job_id=}";; esac; done
+dir="$job_dir/scratch"
+[ -n "$DISK_DIR" ] && dir="$DISK_DIR/ferry-$job_id"
+mkdir -p "$dir/rank0/ferry-chunks-abc" && echo states >"$dir/rank0/ferry-chunks-abc/3.o"
+kill -9 $$)");
+  ProcessExecutor executor(Options(leave_files));
+  StopSignal stop;
+  Recorder recorder;
+  RunOutcome outcome = executor.Run("j-chunks", TinySpec(3), stop, &recorder);
+  EXPECT_EQ(outcome.state, ferry::v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(Exists(TempDir() + "/jobs/j-chunks/spec.json"));
+  EXPECT_FALSE(Exists(TempDir() + "/jobs/j-chunks/scratch"));
+
+  const std::string disk_dir = TempDir() + "/nvme";
+  ASSERT_EQ(mkdir(disk_dir.c_str(), 0755), 0);
+  setenv("DISK_DIR", disk_dir.c_str(), 1);
+  ferry::v1::JobSpec spec = TinySpec(3);
+  spec.mutable_memory()->set_disk_dir(disk_dir);
+  outcome = executor.Run("j-nvme", spec, stop, &recorder);
+  unsetenv("DISK_DIR");
+  EXPECT_EQ(outcome.state, ferry::v1::JOB_STATE_FAILED);
+  EXPECT_FALSE(Exists(disk_dir + "/ferry-j-nvme"));
+  EXPECT_TRUE(Exists(disk_dir));
 }
 
 TEST(ProcessExecutorTest, AWorkerThatIgnoresStopIsKilledAfterTheGrace) {

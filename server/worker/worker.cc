@@ -22,6 +22,7 @@
 #include "engine/data/token_file_source.h"
 #include "engine/device/device.h"
 #include "engine/memory/memory_device.h"
+#include "engine/memory/tier_plan.h"
 #include "engine/parallel/communicator.h"
 #include "engine/train/trainer.h"
 #include "ferry/internal/worker.pb.h"
@@ -31,6 +32,7 @@
 #include "server/spec/spec_validator.h"
 #include "engine/common/host_info.h"
 #include "server/common/proto_time.h"
+#include "server/worker/disk_tier_dir.h"
 #include "server/worker/frame.h"
 #include "server/worker/training_fingerprint.h"
 
@@ -141,6 +143,11 @@ class Reporter : public TrainingObserver {
     p->set_host_chunks(static_cast<uint32_t>(ms.host_chunks));
     p->set_device_model_bytes(ms.device_bytes[0] + ms.device_bytes[1] + ms.device_bytes[2]);
     p->set_host_model_bytes(ms.host_bytes[0] + ms.host_bytes[1] + ms.host_bytes[2]);
+    p->set_bytes_host_to_disk(ms.host_to_disk_bytes);
+    p->set_bytes_disk_to_host(ms.disk_to_host_bytes);
+    p->set_disk_chunks(static_cast<uint32_t>(ms.disk_chunks));
+    p->set_disk_model_bytes(ms.disk_bytes[0] + ms.disk_bytes[1] + ms.disk_bytes[2]);
+    p->set_peak_host_model_bytes(ms.peak_host_model_bytes);
     p->set_loss_scale(r.loss_scale);
     p->set_skipped(r.skipped);
     p->set_skipped_steps(static_cast<uint64_t>(r.skipped_steps));
@@ -151,6 +158,7 @@ class Reporter : public TrainingObserver {
     times->set_backward_seconds(r.times.backward);
     times->set_optimizer_seconds(r.times.optimizer);
     times->set_transfer_seconds(r.times.transfers);
+    times->set_disk_seconds(r.times.disk);
     last_step_ = static_cast<uint64_t>(r.step);
     final_step_ = r.step == r.total_steps;
     Send(report);
@@ -184,9 +192,16 @@ class Reporter : public TrainingObserver {
     out->set_chunk_size_bytes(static_cast<uint64_t>(r.chunk_elements) * 4);
     out->set_chunk_waste_fraction(r.chunk_waste_fraction);
     out->set_planned_traffic_bytes(r.planned_traffic_bytes);
+    out->set_disk_dir(r.disk_dir);
+    out->set_disk_budget_bytes(r.disk_budget_bytes);
+    out->set_planned_host_bytes(r.planned_host_bytes);
+    out->set_planned_disk_bytes(r.planned_disk_bytes);
+    out->set_planned_disk_read_bytes(r.planned_disk_read_bytes);
+    out->set_planned_disk_write_bytes(r.planned_disk_write_bytes);
     // Stage 1 + i is block i.
     for (int stage : r.recomputed_stages) out->add_recomputed_blocks(static_cast<uint32_t>(stage - 1));
-    uint64_t totals[2][3] = {{0, 0, 0}, {0, 0, 0}};
+    // By tier (device, host, disk) and kind.
+    uint64_t totals[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
     for (const PayloadReport& p : r.payloads) {
       ferry::v1::ChunkPlacement* c = out->add_chunks();
       c->set_id(p.id);
@@ -197,14 +212,18 @@ class Reporter : public TrainingObserver {
       c->set_state(p.state);
       c->set_placement(ChunkClassName(p.chunk_class));
       c->set_tensors(static_cast<uint32_t>(p.tensors));
+      c->set_home(p.home);
       const int k = static_cast<int>(p.kind);
       totals[0][k] += p.device_bytes;
       totals[1][k] += p.host_bytes;
+      totals[2][k] += p.disk_bytes;
     }
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < 3; ++t) {
+      // The disk tier only where the job has one.
+      if (t == 2 && r.disk_dir.empty()) continue;
       for (int k = 0; k < 3; ++k) {
         ferry::v1::MemoryUsage* u = out->add_totals();
-        u->set_tier(t == 0 ? "device" : "host");
+        u->set_tier(TierName(static_cast<Tier>(t)));
         u->set_kind(PayloadKindName(static_cast<PayloadKind>(k)));
         u->set_bytes(totals[t][k]);
       }
@@ -345,6 +364,35 @@ int RunWorker(const WorkerOptions& options) {
                 kWorkerBadUsage);
   }
   machine.allowed_roots = *roots;
+  // Under ferryd every rank runs on this machine and shares its memory and
+  // disk, as the daemon assumed when it accepted the job.
+  machine.ranks_share_host = options.report_fd >= 0;
+  // Under a launcher, "auto" is this rank's GPU (LOCAL_RANK) where there are
+  // GPUs, else the CPU.
+  std::string device_name = options.device;
+  if (launched && device_name == "auto") {
+    absl::StatusOr<c10::Device> resolved = ResolveDevice("auto");
+    if (resolved.ok() && resolved->is_cuda()) device_name = absl::StrCat("cuda:", options.local_rank);
+  }
+  // Without a GPU the (simulated) device is host memory: the host budget's
+  // default leaves it out, as the daemon's check did.
+  if (absl::StatusOr<c10::Device> resolved = ResolveDevice(device_name); resolved.ok()) {
+    machine.device_is_host_memory = !resolved->is_cuda();
+  }
+  // The disk tier: this rank's own directory, emptied of what a run killed
+  // before this one left, before the validator looks at its free space.
+  std::string disk_dir;
+  {
+    const std::string job_disk_dir =
+        JobDiskDir(*spec, options.job_id.empty() ? TrainingFingerprint(*spec) : options.job_id, options.job_dir);
+    if (!job_disk_dir.empty()) {
+      disk_dir = RankDiskDir(job_disk_dir, options.rank);
+      if (absl::Status s = PrepareRankDiskDir(*spec, disk_dir, *roots); !s.ok()) {
+        return Fail(reporter, s, kWorkerFailed);
+      }
+      machine.default_disk_dir = disk_dir;
+    }
+  }
   if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
     return Fail(reporter, s, kWorkerBadUsage);
   }
@@ -363,13 +411,6 @@ int RunWorker(const WorkerOptions& options) {
                                                         options.world_size, ")")),
                 kWorkerBadUsage);
   }
-  // Under a launcher, "auto" is this rank's GPU (LOCAL_RANK) where there are
-  // GPUs, else the CPU.
-  std::string device_name = options.device;
-  if (launched && device_name == "auto") {
-    absl::StatusOr<c10::Device> resolved = ResolveDevice("auto");
-    if (resolved.ok() && resolved->is_cuda()) device_name = absl::StrCat("cuda:", options.local_rank);
-  }
   absl::StatusOr<std::unique_ptr<MemoryDevice>> device =
       MakeMemoryDevice(device_name, spec->memory().device_budget());
   if (!device.ok()) return Fail(reporter, device.status(), kWorkerBadUsage);
@@ -379,6 +420,22 @@ int RunWorker(const WorkerOptions& options) {
   EngineOptions engine;
   engine.device = device->get();
   engine.memory = ToMemoryOptions(spec->memory());
+  // The budgets the daemon checked the job against, its defaults filled in
+  // the same way, and this rank's directory for the disk tier.
+  engine.memory->host_budget_bytes = RankHostBudgetBytes(*spec, machine);
+  engine.memory->disk_dir = disk_dir;
+  engine.memory->disk_direct_io = true;
+  engine.memory->disk_budget_bytes = 0;
+  if (!disk_dir.empty()) {
+    if (spec->memory().disk_budget() > 0) {
+      engine.memory->disk_budget_bytes = spec->memory().disk_budget();
+    } else if (absl::StatusOr<DiskFacts> facts = machine.disk(disk_dir); facts.ok()) {
+      engine.memory->disk_budget_bytes = RankDiskBudgetBytes(*spec, machine, facts->free_bytes);
+    } else {
+      reporter.OnLog(LogLevel::kWarning, absl::StrCat("disk tier: off, its free space is unknown: ",
+                                                      facts.status().message()));
+    }
+  }
   ParallelGroups groups;
   if (launched) {
     const std::chrono::seconds timeout(options.collective_timeout_seconds);

@@ -19,6 +19,15 @@ struct WorkerOptions {
   int command_fd = 0;
   // "auto", "cpu", "cuda", "cuda:N".
   std::string device = "auto";
+  // The job's id and its directory under the daemon's state directory
+  // (ferryd passes both). The disk tier's files go in
+  // memory.disk_dir/ferry-<job_id>/rank<r>/, or job_dir/scratch/rank<r>/
+  // when memory.disk_dir is unset. On its own (no job_dir) a worker uses the
+  // disk tier only where memory.disk_dir is set, and without a job_id names
+  // the directory after the training's fingerprint (TrainingFingerprint):
+  // the same training run again finds and clears what a killed run left.
+  std::string job_id;
+  std::string job_dir;
   // Comma-separated directories every path of the spec must stay in (ferryd
   // passes its --allowed_roots): the data file and checkpoint directories
   // are opened beneath them without following links. Empty: no confinement.
