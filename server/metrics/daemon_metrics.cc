@@ -10,8 +10,13 @@
 namespace ferry {
 namespace {
 
-const char* const kTiers[] = {"device", "host"};
+const char* const kTiers[] = {"device", "host", "disk"};
 const char* const kKinds[] = {"param", "grad", "optimizer", "activation"};
+
+// The disk tier holds model data only.
+bool TierHasKind(const char* tier, const char* kind) {
+  return std::string(tier) != "disk" || std::string(kind) != "activation";
+}
 
 double UnixSeconds(absl::Time t = absl::Now()) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
 
@@ -77,14 +82,30 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                     .Register(*registry_)),
       to_device_(prometheus::BuildCounter()
                      .Name("ferry_memory_transferred_bytes_total")
-                     .Help("Model data moved between host and device, by direction.")
+                     .Help("Model data moved between the memory tiers, by direction: host and device, host and disk.")
                      .Register(*registry_)
                      .Add({{"direction", "host_to_device"}})),
       to_host_(prometheus::BuildCounter()
                    .Name("ferry_memory_transferred_bytes_total")
-                   .Help("Model data moved between host and device, by direction.")
+                   .Help("Model data moved between the memory tiers, by direction: host and device, host and disk.")
                    .Register(*registry_)
                    .Add({{"direction", "device_to_host"}})),
+      to_disk_(prometheus::BuildCounter()
+                   .Name("ferry_memory_transferred_bytes_total")
+                   .Help("Model data moved between the memory tiers, by direction: host and device, host and disk.")
+                   .Register(*registry_)
+                   .Add({{"direction", "host_to_disk"}})),
+      from_disk_(prometheus::BuildCounter()
+                     .Name("ferry_memory_transferred_bytes_total")
+                     .Help("Model data moved between the memory tiers, by direction: host and device, host and disk.")
+                     .Register(*registry_)
+                     .Add({{"direction", "disk_to_host"}})),
+      disk_wait_(prometheus::BuildCounter()
+                     .Name("ferry_memory_disk_wait_seconds_total")
+                     .Help("Seconds steps spent waiting for the disk tier (reads and writes not hidden behind "
+                           "other chunks' updates).")
+                     .Register(*registry_)
+                     .Add({})),
       evictions_(prometheus::BuildCounter()
                      .Name("ferry_memory_evictions_total")
                      .Help("Chunks evicted from the device to make room.")
@@ -102,7 +123,8 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                            .Add({{"result", "miss"}})),
       chunks_(prometheus::BuildGauge()
                   .Name("ferry_memory_chunks")
-                  .Help("Chunks of the running job with data on the device, and wholly on the host.")
+                  .Help("Chunks of the running job with data on the device, wholly on the host, and with "
+                        "optimizer states on disk.")
                   .Register(*registry_)),
       prediction_error_(prometheus::BuildGauge()
                             .Name("ferry_memory_prediction_error_ratio")
@@ -188,9 +210,13 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
     if (IsTerminalState(state)) jobs_finished_.Add({{"state", StateName(state)}});
   }
   for (const char* tier : kTiers) {
-    for (const char* kind : kKinds) MemoryGauge(tier, kind);
+    for (const char* kind : kKinds) {
+      if (TierHasKind(tier, kind)) MemoryGauge(tier, kind);
+    }
     chunks_.Add({{"tier", tier}});
   }
+  // The disk tier's capacity is the running job's budget, where it has one.
+  SetCapacity("disk", 0);
   for (const char* result : {"written", "failed"}) checkpoints_.Add({{"result", result}});
   for (const char* part : {"blocking", "total"}) checkpoint_duration_.Add({{"part", part}}, kCheckpointBuckets);
   SetTorchVersion(torch_version);
@@ -222,10 +248,13 @@ void DaemonMetrics::OnStateChange(ferry::v1::JobState from, ferry::v1::JobState 
   if (from == ferry::v1::JOB_STATE_RUNNING) {
     // The job's memory is released with its worker.
     for (const char* tier : kTiers) {
-      for (const char* kind : kKinds) MemoryGauge(tier, kind).Set(0);
+      for (const char* kind : kKinds) {
+        if (TierHasKind(tier, kind)) MemoryGauge(tier, kind).Set(0);
+      }
       chunks_.Add({{"tier", tier}}).Set(0);
       for (uint32_t r = 0; r < ranks_seen_; ++r) rank_memory_.Add({{"rank", std::to_string(r)}, {"tier", tier}}).Set(0);
     }
+    SetCapacity("disk", 0);
     tokens_per_second_.Set(0);
     warmup_.Set(0);
     steady_.Set(0);
@@ -281,8 +310,12 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
   evictions_.Increment(progress.evictions());
   prefetch_hits_.Increment(progress.prefetch_hits());
   prefetch_misses_.Increment(progress.prefetch_misses());
+  to_disk_.Increment(static_cast<double>(progress.bytes_host_to_disk()));
+  from_disk_.Increment(static_cast<double>(progress.bytes_disk_to_host()));
+  disk_wait_.Increment(progress.step_times().disk_seconds());
   chunks_.Add({{"tier", "device"}}).Set(progress.device_chunks());
   chunks_.Add({{"tier", "host"}}).Set(progress.host_chunks());
+  chunks_.Add({{"tier", "disk"}}).Set(progress.disk_chunks());
   prediction_error_.Set(progress.prediction_error());
   recomputed_blocks_.Set(progress.recomputed_blocks_size());
   const bool warmup = progress.memory_phase() == "warmup";
@@ -291,11 +324,14 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
 }
 
 void DaemonMetrics::OnPlacement(const ferry::v1::MemoryPlacement& placement) {
-  double bytes[2] = {0, 0};
-  for (const ferry::v1::MemoryUsage& u : placement.totals()) bytes[u.tier() == "device" ? 0 : 1] += double(u.bytes());
+  double bytes[3] = {0, 0, 0};
+  for (const ferry::v1::MemoryUsage& u : placement.totals()) {
+    for (int t = 0; t < 3; ++t) {
+      if (u.tier() == kTiers[t]) bytes[t] += double(u.bytes());
+    }
+  }
   const std::string rank = std::to_string(placement.rank());
-  rank_memory_.Add({{"rank", rank}, {"tier", "device"}}).Set(bytes[0]);
-  rank_memory_.Add({{"rank", rank}, {"tier", "host"}}).Set(bytes[1]);
+  for (int t = 0; t < 3; ++t) rank_memory_.Add({{"rank", rank}, {"tier", kTiers[t]}}).Set(bytes[t]);
   ranks_seen_ = std::max(ranks_seen_, placement.rank() + 1);
 }
 

@@ -23,7 +23,7 @@ class DaemonMetrics : public JobListener {
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
-  // Capacity of a memory tier ("device", "host").
+  // Capacity of a memory tier ("device", "host", "disk").
   void SetCapacity(const std::string& tier, uint64_t bytes);
   // The LibTorch version, once the worker probe has told it.
   void SetTorchVersion(const std::string& torch_version);
@@ -58,6 +58,9 @@ class DaemonMetrics : public JobListener {
   prometheus::Family<prometheus::Gauge>& capacity_;
   prometheus::Counter& to_device_;
   prometheus::Counter& to_host_;
+  prometheus::Counter& to_disk_;
+  prometheus::Counter& from_disk_;
+  prometheus::Counter& disk_wait_;
   prometheus::Counter& evictions_;
   prometheus::Counter& prefetch_hits_;
   prometheus::Counter& prefetch_misses_;

@@ -53,6 +53,19 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   p.add_recomputed_blocks(3);
   p.set_loss_scale(1024);
   p.set_skipped(true);
+  // The disk tier: optimizer states in chunk files, read and written once a
+  // step, and the part of the step spent waiting for them.
+  ferry::v1::MemoryUsage* d = p.add_memory();
+  d->set_tier("disk");
+  d->set_kind("optimizer");
+  d->set_bytes(8192);
+  ferry::v1::MemoryUsage* dc = p.add_capacity();
+  dc->set_tier("disk");
+  dc->set_bytes(1 << 30);
+  p.set_bytes_host_to_disk(8192);
+  p.set_bytes_disk_to_host(4096);
+  p.set_disk_chunks(2);
+  p.mutable_step_times()->set_disk_seconds(0.125);
   metrics.OnProgress(p, 1000);
   metrics.OnProgress(p, 24);
   const std::string text = Scrape(metrics);
@@ -73,6 +86,13 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   EXPECT_TRUE(Has(text, "ferry_recomputed_blocks 2")) << text;
   EXPECT_TRUE(Has(text, "ferry_loss_scale 1024")) << text;
   EXPECT_TRUE(Has(text, "ferry_skipped_steps_total 2")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_bytes{kind=\"optimizer\",tier=\"disk\"} 8192")) << text;
+  EXPECT_FALSE(Has(text, "kind=\"activation\",tier=\"disk\"")) << "the disk holds model data only";
+  EXPECT_TRUE(Has(text, "ferry_memory_capacity_bytes{tier=\"disk\"} 1073741824")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_transferred_bytes_total{direction=\"host_to_disk\"} 16384")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_transferred_bytes_total{direction=\"disk_to_host\"} 8192")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_disk_wait_seconds_total 0.25")) << text;
+  EXPECT_TRUE(Has(text, "ferry_memory_chunks{tier=\"disk\"} 2")) << text;
 
   // Each rank's shard, by rank.
   for (uint32_t rank : {0u, 1u}) {
@@ -85,16 +105,24 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
       u->set_kind(kind);
       u->set_bytes(100 * (rank + 1));
     }
+    ferry::v1::MemoryUsage* u = placement.add_totals();
+    u->set_tier("disk");
+    u->set_kind("optimizer");
+    u->set_bytes(1000);
     metrics.OnPlacement(placement);
   }
   const std::string ranked = Scrape(metrics);
   EXPECT_TRUE(Has(ranked, "ferry_rank_memory_bytes{rank=\"1\",tier=\"device\"} 400")) << ranked;
   EXPECT_TRUE(Has(ranked, "ferry_rank_memory_bytes{rank=\"0\",tier=\"host\"} 0")) << ranked;
+  EXPECT_TRUE(Has(ranked, "ferry_rank_memory_bytes{rank=\"0\",tier=\"disk\"} 1000")) << ranked;
 
   metrics.OnStateChange(ferry::v1::JOB_STATE_RUNNING, ferry::v1::JOB_STATE_FAILED);
   EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_bytes{kind=\"param\",tier=\"host\"} 0"))
       << "memory gauges drop when the job ends";
   EXPECT_TRUE(Has(Scrape(metrics), "ferry_rank_memory_bytes{rank=\"1\",tier=\"device\"} 0"));
+  EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_bytes{kind=\"optimizer\",tier=\"disk\"} 0"));
+  EXPECT_TRUE(Has(Scrape(metrics), "ferry_memory_capacity_bytes{tier=\"disk\"} 0")) << "the job's budget goes with it";
+  EXPECT_TRUE(Has(Scrape(metrics), "ferry_rank_memory_bytes{rank=\"0\",tier=\"disk\"} 0"));
 }
 
 TEST(DaemonMetricsTest, RefusedCallsByMethodAndCode) {
