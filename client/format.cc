@@ -160,6 +160,14 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
       if (u.bytes() > 0) memory.push_back(absl::StrCat(u.tier(), " ", u.kind(), " ", FormatSize(u.bytes())));
     }
     if (!memory.empty()) field("memory", absl::StrJoin(memory, ", "));
+    if (p.disk_chunks() > 0 || p.disk_model_bytes() > 0) {
+      field("disk", absl::StrFormat("%s of optimizer states of %d chunks in %s; last step %s read, %s written, "
+                                    "%.2f s waiting",
+                                    FormatSize(p.disk_model_bytes()), p.disk_chunks(),
+                                    spec.memory().disk_dir().empty() ? "the job's directory" : spec.memory().disk_dir(),
+                                    FormatSize(p.bytes_disk_to_host()), FormatSize(p.bytes_host_to_disk()),
+                                    p.step_times().disk_seconds()));
+    }
   }
   return out;
 }
@@ -190,12 +198,17 @@ std::string Bar(uint64_t used, uint64_t total, int width) {
   return "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.') + "]";
 }
 
+// Where a payload's values are, one letter: D device, H host, S the disk
+// tier (storage), B both device and host, - none.
 char TierMark(const std::string& tier) {
   if (tier == "device") return 'D';
   if (tier == "host") return 'H';
+  if (tier == "disk") return 'S';
   if (tier == "both") return 'B';
   return '-';
 }
+
+int TierIndex(const std::string& tier) { return tier == "device" ? 0 : tier == "host" ? 1 : tier == "disk" ? 2 : -1; }
 
 }  // namespace
 
@@ -203,10 +216,11 @@ std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& m) {
   std::string out = absl::StrFormat("%s%s  %s policy on %s, %s (step %d)\n", m.job_id(),
                                     m.world_size() > 1 ? absl::StrFormat(" rank %d of %d", m.rank(), m.world_size()) : "",
                                     m.policy(), m.device(), m.phase(), m.step());
-  uint64_t tier_bytes[2] = {0, 0};
-  std::string kinds[2];
+  uint64_t tier_bytes[3] = {0, 0, 0};
+  std::string kinds[3];
   for (const ferry::v1::MemoryUsage& u : m.totals()) {
-    const int t = u.tier() == "device" ? 0 : 1;
+    const int t = TierIndex(u.tier());
+    if (t < 0) continue;
     tier_bytes[t] += u.bytes();
     absl::StrAppend(&kinds[t], "  ", u.kind(), " ", FormatSize(u.bytes()));
   }
@@ -214,23 +228,41 @@ std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& m) {
                         Bar(tier_bytes[0], m.device_capacity_bytes(), 40), FormatSize(tier_bytes[0]),
                         FormatSize(m.device_capacity_bytes()), FormatSize(m.device_limit_bytes()), kinds[0]);
   const uint64_t host_total = m.host_budget_bytes() > 0 ? m.host_budget_bytes() : 0;
-  absl::StrAppendFormat(&out, "host   %s  %s%s\n       %s\n", Bar(tier_bytes[1], host_total, 40),
+  absl::StrAppendFormat(&out, "host   %s  %s%s%s\n       %s\n", Bar(tier_bytes[1], host_total, 40),
                         FormatSize(tier_bytes[1]),
                         host_total > 0 ? " of " + FormatSize(host_total) + " (memory.host_budget)" : " (no budget)",
+                        m.planned_host_bytes() > 0 ? "; planned peak " + FormatSize(m.planned_host_bytes()) : "",
                         kinds[1]);
+  // The disk tier, where the job has one.
+  const bool disk = !m.disk_dir().empty() || tier_bytes[2] > 0;
+  if (disk) {
+    absl::StrAppendFormat(&out, "disk   %s  %s of %s (memory.disk_budget) in %s\n       %s\n",
+                          Bar(tier_bytes[2], m.disk_budget_bytes(), 40), FormatSize(tier_bytes[2]),
+                          FormatSize(m.disk_budget_bytes()), m.disk_dir().empty() ? "-" : m.disk_dir(),
+                          kinds[2].empty() ? "  nothing: the model data fits host memory" : kinds[2]);
+  }
   const int chunk_count = m.chunks_size() / 3;
   if (m.recomputed_blocks_size() > 0) {
     absl::StrAppend(&out, "recomputing blocks ", BlockList(m.recomputed_blocks()), "\n");
   }
-  absl::StrAppendFormat(&out, "%d chunks of %s (%.1f%% unused); planned traffic %s per steady step\n",
-                        chunk_count, FormatSize(m.chunk_size_bytes()), 100.0 * m.chunk_waste_fraction(),
+  absl::StrAppendFormat(&out, "%d chunks of %s (%.1f%% unused); planned traffic %s per steady step", chunk_count,
+                        FormatSize(m.chunk_size_bytes()), 100.0 * m.chunk_waste_fraction(),
                         FormatSize(m.planned_traffic_bytes()));
-  absl::StrAppend(&out, "chunk map (P params, G grads, O optimizer; D device, H host, B both, - none):\n");
+  if (m.planned_disk_bytes() > 0) {
+    absl::StrAppendFormat(&out, ", and %s read from disk and %s written", FormatSize(m.planned_disk_read_bytes()),
+                          FormatSize(m.planned_disk_write_bytes()));
+  }
+  out += "\n";
+  absl::StrAppend(&out, "chunk map (P params, G grads, O optimizer; D device, H host, ",
+                  disk ? "S disk, " : "", "B both, - none):\n");
   for (int c = 0; c + 2 < m.chunks_size(); c += 3) {
     const ferry::v1::ChunkPlacement& p = m.chunks(c);
-    absl::StrAppendFormat(&out, "  %3d  P%c G%c O%c  %-13s %-16s %d tensors\n", p.chunk(), TierMark(p.tier()),
-                          TierMark(m.chunks(c + 1).tier()), TierMark(m.chunks(c + 2).tier()), p.placement(),
-                          p.state(), p.tensors());
+    const ferry::v1::ChunkPlacement& o = m.chunks(c + 2);
+    // A disk-homed state cached elsewhere (on the device) still says so.
+    const bool homed_on_disk = o.home() == "disk" && o.tier() != "disk";
+    absl::StrAppendFormat(&out, "  %3d  P%c G%c O%c  %-13s %-16s %d tensors%s\n", p.chunk(), TierMark(p.tier()),
+                          TierMark(m.chunks(c + 1).tier()), TierMark(o.tier()), p.placement(), p.state(),
+                          p.tensors(), homed_on_disk ? "; O's home on disk" : "");
   }
   uint64_t largest = 1;
   for (const ferry::v1::PeriodTrace& t : m.trace()) largest = std::max<uint64_t>(largest, t.non_model_bytes());
@@ -303,13 +335,19 @@ std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement
                         p.grad_norm(), p.tokens_per_second(), p.step_seconds());
 
   // Memory per tier.
-  uint64_t device_capacity = 0, host_capacity = 0;
-  for (const ferry::v1::MemoryUsage& c : p.capacity()) (c.tier() == "device" ? device_capacity : host_capacity) = c.bytes();
-  uint64_t device_model = 0, device_other = 0, host_model = 0;
+  uint64_t device_capacity = 0, host_capacity = 0, disk_capacity = 0;
+  for (const ferry::v1::MemoryUsage& c : p.capacity()) {
+    if (c.tier() == "device") device_capacity = c.bytes();
+    if (c.tier() == "host") host_capacity = c.bytes();
+    if (c.tier() == "disk") disk_capacity = c.bytes();
+  }
+  uint64_t device_model = 0, device_other = 0, host_model = 0, disk_model = 0;
   for (const ferry::v1::MemoryUsage& u : p.memory()) {
     if (u.tier() == "device") (u.kind() == "activation" ? device_other : device_model) += u.bytes();
     if (u.tier() == "host") host_model += u.bytes();
+    if (u.tier() == "disk") disk_model += u.bytes();
   }
+  const bool disk = disk_capacity > 0 || disk_model > 0 || p.disk_chunks() > 0;
   out += "memory  (# model data, + activations and workspace at the step's peak)\n";
   absl::StrAppendFormat(&out, "  device %s  %s model + %s of %s", Bar({{double(device_model), '#'}, {double(device_other), '+'}},
                                                                     double(device_capacity), bar),
@@ -317,25 +355,42 @@ std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement
   if (placement != nullptr && placement->device_limit_bytes() > 0) {
     absl::StrAppend(&out, " (plan fills ", FormatSize(placement->device_limit_bytes()), ")");
   }
-  absl::StrAppendFormat(&out, "\n  host   %s  %s model of %s\n", Bar({{double(host_model), '#'}}, double(host_capacity), bar),
+  absl::StrAppendFormat(&out, "\n  host   %s  %s model of %s", Bar({{double(host_model), '#'}}, double(host_capacity), bar),
                         FormatSize(host_model), FormatSize(host_capacity));
+  if (p.peak_host_model_bytes() > 0) absl::StrAppend(&out, " (step's peak ", FormatSize(p.peak_host_model_bytes()), ")");
+  out += "\n";
+  if (disk) {
+    absl::StrAppendFormat(&out, "  disk   %s  %s model of %s, %d chunks' optimizer states\n",
+                          Bar({{double(disk_model), '#'}}, double(disk_capacity), bar), FormatSize(disk_model),
+                          FormatSize(disk_capacity), p.disk_chunks());
+  }
 
   // Moves.
-  absl::StrAppendFormat(&out, "moved   host->device %s, device->host %s this step; %d evictions, prefetch %d hit / %d missed\n",
-                        FormatSize(p.bytes_host_to_device()), FormatSize(p.bytes_device_to_host()), p.evictions(),
+  absl::StrAppendFormat(&out, "moved   host->device %s, device->host %s", FormatSize(p.bytes_host_to_device()),
+                        FormatSize(p.bytes_device_to_host()));
+  if (disk) {
+    absl::StrAppendFormat(&out, ", host->disk %s, disk->host %s", FormatSize(p.bytes_host_to_disk()),
+                          FormatSize(p.bytes_disk_to_host()));
+  }
+  absl::StrAppendFormat(&out, " this step; %d evictions, prefetch %d hit / %d missed\n", p.evictions(),
                         p.prefetch_hits(), p.prefetch_misses());
 
   // Where the time went.
   const ferry::v1::StepTimes& t = p.step_times();
   const double total = t.data_seconds() + t.forward_seconds() + t.backward_seconds() + t.optimizer_seconds();
   if (total > 0) {
-    absl::StrAppendFormat(&out, "time    %s  data %s, forward %s, backward %s, optimizer %s; copying chunks %s\n",
+    // Waiting for the disk is part of the optimizer's time: its cells ('w')
+    // come out of the optimizer's ('o').
+    const double disk_wait = std::min(t.disk_seconds(), t.optimizer_seconds());
+    absl::StrAppendFormat(&out, "time    %s  data %s, forward %s, backward %s, optimizer %s; copying chunks %s",
                           Bar({{t.data_seconds(), 'd'}, {t.forward_seconds(), 'f'}, {t.backward_seconds(), 'b'},
-                               {t.optimizer_seconds(), 'o'}},
+                               {t.optimizer_seconds() - disk_wait, 'o'}, {disk_wait, 'w'}},
                               total, bar),
                           Percent(t.data_seconds(), total), Percent(t.forward_seconds(), total),
                           Percent(t.backward_seconds(), total), Percent(t.optimizer_seconds(), total),
                           Percent(t.transfer_seconds(), total));
+    if (disk || t.disk_seconds() > 0) absl::StrAppend(&out, ", waiting for disk ", Percent(t.disk_seconds(), total));
+    out += "\n";
   }
   std::string extra = absl::StrCat("phase ", p.memory_phase().empty() ? "-" : p.memory_phase());
   if (p.memory_phase() == "steady") absl::StrAppendFormat(&extra, ", prediction error %.1f%%", 100 * p.prediction_error());

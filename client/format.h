@@ -32,7 +32,10 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now);
 
 std::string DaemonInfoText(const ferry::v1::DaemonInfo& info);
 
-// A job's memory placement: a bar per tier, the chunk map, the warm-up trace.
+// A job's memory placement: a bar per tier (device, host, and the disk tier
+// where the job has one), the chunk map (each payload's tier as a letter: D
+// device, H host, S disk, B both device and host, - none), the warm-up
+// trace.
 std::string MemoryPlacementText(const ferry::v1::MemoryPlacement& placement);
 
 // JSON with the .proto field names and every field shown.
@@ -42,8 +45,9 @@ std::string ToJson(const google::protobuf::Message& message, bool multiline);
 // it does not parse.
 std::string JsonToYaml(const std::string& json);
 
-// One frame of `ferry top`: progress, memory per tier as bars, bytes moved,
-// where the step's time went. `placement` may be null (before the first
+// One frame of `ferry top`: progress, memory per tier as bars (the disk
+// tier's where the job has one), bytes moved between the tiers, where the
+// step's time went (waiting for the disk as part of the optimizer's). `placement` may be null (before the first
 // step). `width` is the terminal's.
 std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width);
 

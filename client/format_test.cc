@@ -79,6 +79,91 @@ TEST(FormatTest, MemoryPlacementShowsTiersChunksAndTrace) {
   EXPECT_NE(text.find("forward embed"), std::string::npos) << text;
 }
 
+TEST(FormatTest, MemoryPlacementShowsTheDiskTier) {
+  ferry::v1::MemoryPlacement m;
+  m.set_job_id("j-2");
+  m.set_policy("auto");
+  m.set_device("sim");
+  m.set_phase("steady");
+  m.set_device_capacity_bytes(100 << 20);
+  m.set_host_budget_bytes(200 << 20);
+  m.set_planned_host_bytes(150 << 20);
+  m.set_disk_dir("/nvme/ferry-j-2/rank0");
+  m.set_disk_budget_bytes(400 << 20);
+  m.set_planned_disk_bytes(100 << 20);
+  m.set_planned_disk_read_bytes(100 << 20);
+  m.set_planned_disk_write_bytes(100 << 20);
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    for (const char* kind : {"param", "grad", "optimizer"}) {
+      ferry::v1::ChunkPlacement* c = m.add_chunks();
+      c->set_kind(kind);
+      c->set_chunk(chunk);
+      const bool states = std::string(kind) == "optimizer";
+      // Chunk 0's states live on disk; chunk 1's on disk too, but cached
+      // on the device for its update there.
+      c->set_tier(states ? (chunk == 0 ? "disk" : "device") : "host");
+      c->set_home(states ? "disk" : "host");
+      c->set_placement(chunk == 0 ? "streamed" : "device_homed");
+      c->set_state("hold");
+      c->set_tensors(2);
+    }
+  }
+  ferry::v1::MemoryUsage* u = m.add_totals();
+  u->set_tier("disk");
+  u->set_kind("optimizer");
+  u->set_bytes(100 << 20);
+  u = m.add_totals();
+  u->set_tier("host");
+  u->set_kind("param");
+  u->set_bytes(50 << 20);
+  const std::string text = MemoryPlacementText(m);
+  EXPECT_NE(text.find("host   [##########..............................]  50 MiB of 200 MiB (memory.host_budget); "
+                      "planned peak 150 MiB"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("disk   [##########..............................]  100 MiB of 400 MiB (memory.disk_budget) in "
+                      "/nvme/ferry-j-2/rank0\n         optimizer 100 MiB"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("and 100 MiB read from disk and 100 MiB written"), std::string::npos) << text;
+  EXPECT_NE(text.find("D device, H host, S disk, B both"), std::string::npos) << text;
+  EXPECT_NE(text.find("    0  PH GH OS  streamed"), std::string::npos) << text;
+  EXPECT_NE(text.find("    1  PH GH OD  device_homed  hold             2 tensors; O's home on disk"), std::string::npos)
+      << text;
+  // No disk tier: no disk bar, no S in the legend.
+  m.clear_disk_dir();
+  m.mutable_totals()->DeleteSubrange(0, 1);
+  EXPECT_EQ(MemoryPlacementText(m).find("disk   ["), std::string::npos);
+  EXPECT_EQ(MemoryPlacementText(m).find("S disk"), std::string::npos);
+}
+
+TEST(FormatTest, JobDetailsShowTheDiskTier) {
+  ferry::v1::Job job;
+  job.set_id("j-3");
+  job.mutable_spec()->mutable_memory()->set_disk_dir("/nvme");
+  ferry::v1::Progress* p = job.mutable_progress();
+  p->set_step(4);
+  p->set_total_steps(10);
+  ferry::v1::MemoryUsage* u = p->add_memory();
+  u->set_tier("disk");
+  u->set_kind("optimizer");
+  u->set_bytes(3ull << 30);
+  p->set_disk_model_bytes(3ull << 30);
+  p->set_disk_chunks(12);
+  p->set_bytes_disk_to_host(3ull << 30);
+  p->set_bytes_host_to_disk(3ull << 30);
+  p->mutable_step_times()->set_disk_seconds(1.25);
+  const std::string text = JobDetails(job, absl::Now());
+  EXPECT_NE(text.find("memory:      disk optimizer 3 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("disk:        3 GiB of optimizer states of 12 chunks in /nvme; last step 3 GiB read, 3 GiB "
+                      "written, 1.25 s waiting"),
+            std::string::npos)
+      << text;
+  p->set_disk_chunks(0);
+  p->set_disk_model_bytes(0);
+  EXPECT_EQ(JobDetails(job, absl::Now()).find("disk:"), std::string::npos);
+}
+
 TEST(FormatTest, JsonUsesProtoFieldNames) {
   ferry::v1::Job job;
   job.set_id("j-1");
@@ -142,9 +227,32 @@ TEST(FormatTest, TopFrameShowsProgressMemoryMovesAndTime) {
   EXPECT_NE(frame.find("host->device 3 MiB"), std::string::npos) << frame;
   EXPECT_NE(frame.find("4 evictions"), std::string::npos) << frame;
   EXPECT_NE(frame.find("[dddfffffffffbbbbbbbbbbbbbbbooo]  data 10%, forward 30%, backward 50%, optimizer 10%; "
-                       "copying chunks 25%"),
+                       "copying chunks 25%\n"),
             std::string::npos)
       << frame;
+  EXPECT_EQ(frame.find("disk"), std::string::npos) << "no disk tier, no disk figures: " << frame;
+
+  // With the disk tier: its bar, its traffic, and the optimizer's wait for
+  // it ('w', out of the optimizer's cells).
+  usage(p->mutable_memory(), "disk", "optimizer", 30 << 20);
+  usage(p->mutable_capacity(), "disk", "", 100 << 20);
+  p->set_disk_chunks(3);
+  p->set_bytes_host_to_disk(30 << 20);
+  p->set_bytes_disk_to_host(30 << 20);
+  p->set_peak_host_model_bytes(12 << 20);
+  t->set_optimizer_seconds(0.04);
+  t->set_backward_seconds(0.08);
+  t->set_disk_seconds(0.03);
+  const std::string disk = TopFrame(job, nullptr, 80);
+  EXPECT_NE(disk.find("  disk   [#########.....................]  30 MiB model of 100 MiB, 3 chunks' optimizer states"),
+            std::string::npos)
+      << disk;
+  EXPECT_NE(disk.find("10 MiB model of 1000 MiB (step's peak 12 MiB)"), std::string::npos) << disk;
+  EXPECT_NE(disk.find("host->disk 30 MiB, disk->host 30 MiB this step"), std::string::npos) << disk;
+  EXPECT_NE(disk.find("[dddfffffffffbbbbbbbbbbbboowwww]  data 10%, forward 30%, backward 40%, optimizer 20%; "
+                      "copying chunks 25%, waiting for disk 15%\n"),
+            std::string::npos)
+      << disk;
 }
 
 }  // namespace

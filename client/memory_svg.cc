@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +15,7 @@ namespace {
 
 constexpr double kLeft = 90, kTop = 70, kPlotHeight = 300, kBarWidth = 26, kRight = 170;
 constexpr double kMarkRows = 3, kMarkRowHeight = 16, kLabelSpace = 130;
+constexpr double kTierRowHeight = 20, kTierBarWidth = 300, kTierTitle = 24;
 constexpr const char* kModelColour = "#4a78b5";
 constexpr const char* kNonModelColour = "#e39b3b";
 constexpr const char* kWarmupColour = "#555555";
@@ -21,6 +24,8 @@ constexpr const char* kLimitColour = "#7d3c98";
 constexpr const char* kEvictColour = "#c0392b";
 constexpr const char* kFetchColour = "#d35400";
 constexpr const char* kPrefetchColour = "#1e8449";
+constexpr const char* kHostColour = "#8fb3dc";
+constexpr const char* kDiskColour = "#8e6c3a";
 
 std::string Escape(const std::string& text) {
   return absl::StrReplaceAll(text, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
@@ -31,10 +36,21 @@ std::string Escape(const std::string& text) {
 std::string MemoryPlacementSvg(const ferry::v1::MemoryPlacement& placement) {
   const int periods = placement.trace_size();
   const double plot_width = std::max(1, periods) * kBarWidth;
-  const double width = kLeft + plot_width + kRight;
+  const double width = std::max(kLeft + plot_width + kRight, kLeft + kTierBarWidth + 260);
   const double axis_y = kTop + kPlotHeight;
   const double marks_y = axis_y + 8;
-  const double height = marks_y + kMarkRows * kMarkRowHeight + kLabelSpace;
+  // Model data per tier: the device, the host, and the disk tier where the
+  // job has one.
+  uint64_t tier_bytes[3] = {0, 0, 0};
+  for (const ferry::v1::MemoryUsage& u : placement.totals()) {
+    if (u.tier() == "device") tier_bytes[0] += u.bytes();
+    if (u.tier() == "host") tier_bytes[1] += u.bytes();
+    if (u.tier() == "disk") tier_bytes[2] += u.bytes();
+  }
+  const bool disk = !placement.disk_dir().empty() || tier_bytes[2] > 0;
+  const int tiers = disk ? 3 : 2;
+  const double tiers_y = marks_y + kMarkRows * kMarkRowHeight + kLabelSpace;
+  const double height = tiers_y + kTierTitle + tiers * kTierRowHeight + 24;
 
   uint64_t top = std::max(placement.device_capacity_bytes(), placement.device_limit_bytes());
   for (const ferry::v1::PeriodTrace& t : placement.trace()) {
@@ -63,6 +79,13 @@ std::string MemoryPlacementSvg(const ferry::v1::MemoryPlacement& placement) {
                           "; capacity ", FormatSize(placement.device_capacity_bytes()), ", the plan fills ",
                           FormatSize(placement.device_limit_bytes()), "; ",
                           FormatSize(placement.planned_traffic_bytes()), " planned moves per step")));
+  if (placement.planned_disk_bytes() > 0) {
+    absl::StrAppendFormat(
+        &svg, "<text x=\"%.0f\" y=\"55\">%s</text>\n", kLeft,
+        Escape(absl::StrCat("disk tier: ", FormatSize(placement.planned_disk_bytes()), " of optimizer states; ",
+                            FormatSize(placement.planned_disk_read_bytes()), " read from disk and ",
+                            FormatSize(placement.planned_disk_write_bytes()), " written per step")));
+  }
 
   // Axes and a few ticks.
   absl::StrAppendFormat(&svg,
@@ -167,6 +190,44 @@ std::string MemoryPlacementSvg(const ferry::v1::MemoryPlacement& placement) {
   legend(kEvictColour, "evictions", false);
   legend(kFetchColour, "on-demand fetches", false);
   legend(kPrefetchColour, "prefetches", false);
+  svg += "</g>\n";
+
+  // Model data per tier against what the tier may hold.
+  absl::StrAppendFormat(&svg, "<g id=\"tiers\"><text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">%s</text>", kLeft,
+                        tiers_y + 14, "model data by tier");
+  struct Row {
+    const char* name;
+    uint64_t bytes, limit;
+    std::string of;
+    const char* colour;
+  };
+  std::vector<Row> rows = {
+      {"device", tier_bytes[0], placement.device_capacity_bytes(), "capacity", kModelColour},
+      {"host", tier_bytes[1], placement.host_budget_bytes(), "memory.host_budget", kHostColour},
+  };
+  if (disk) rows.push_back({"disk", tier_bytes[2], placement.disk_budget_bytes(), "memory.disk_budget", kDiskColour});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double ry = tiers_y + kTierTitle + static_cast<double>(i) * kTierRowHeight;
+    const double filled =
+        r.limit > 0 ? std::min(1.0, static_cast<double>(r.bytes) / static_cast<double>(r.limit)) * kTierBarWidth : 0;
+    const std::string text =
+        r.limit > 0 ? absl::StrCat(FormatSize(r.bytes), " of ", FormatSize(r.limit), " (", r.of, ")")
+                    : absl::StrCat(FormatSize(r.bytes), " (no limit)");
+    absl::StrAppendFormat(
+        &svg,
+        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>"
+        "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"12\" fill=\"none\" stroke=\"#999\"/>"
+        "<rect id=\"tier-%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"12\" fill=\"%s\"><title>%s</title></rect>"
+        "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+        kLeft - 6, ry + 10, r.name, kLeft, ry, kTierBarWidth, r.name, kLeft, ry, filled, r.colour,
+        Escape(absl::StrCat(r.name, ": ", text)), kLeft + kTierBarWidth + 8, ry + 10, Escape(text));
+  }
+  if (disk && !placement.disk_dir().empty()) {
+    absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\">%s</text>", kLeft,
+                          tiers_y + kTierTitle + static_cast<double>(rows.size()) * kTierRowHeight + 4,
+                          Escape(absl::StrCat("disk tier files in ", placement.disk_dir())));
+  }
   svg += "</g>\n</svg>\n";
   return svg;
 }

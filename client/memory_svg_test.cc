@@ -64,6 +64,43 @@ TEST(MemorySvgTest, DrawsEveryPeriodTheLinesAndTheMoves) {
   EXPECT_LT(std::stod(cap[1]), std::stod(lim[1]));
 }
 
+// The width of the element with `id`.
+double Width(const std::string& svg, const std::string& id) {
+  std::smatch m;
+  const std::string element = Group(svg, id, "rect");
+  if (!std::regex_search(element, m, std::regex("width=\"([0-9.]+)\""))) return -1;
+  return std::stod(m[1]);
+}
+
+TEST(MemorySvgTest, ShowsEachTierAgainstItsLimitTheDiskWhereThereIsOne) {
+  ferry::v1::MemoryPlacement p;
+  p.set_device_capacity_bytes(100 << 20);
+  p.set_host_budget_bytes(200 << 20);
+  auto total = [&](const char* tier, uint64_t bytes) {
+    ferry::v1::MemoryUsage* u = p.add_totals();
+    u->set_tier(tier);
+    u->set_kind("optimizer");
+    u->set_bytes(bytes);
+  };
+  total("device", 50 << 20);
+  total("host", 50 << 20);
+  std::string svg = MemoryPlacementSvg(p);
+  EXPECT_NE(Group(svg, "tiers"), "");
+  EXPECT_DOUBLE_EQ(Width(svg, "tier-device"), 2 * Width(svg, "tier-host"));
+  EXPECT_EQ(Group(svg, "tier-disk", "rect"), "") << "no disk tier";
+  p.set_disk_dir("/nvme/ferry-j-1/rank0");
+  p.set_disk_budget_bytes(400 << 20);
+  p.set_planned_disk_bytes(300 << 20);
+  p.set_planned_disk_read_bytes(300 << 20);
+  p.set_planned_disk_write_bytes(300 << 20);
+  total("disk", 300 << 20);
+  svg = MemoryPlacementSvg(p);
+  EXPECT_DOUBLE_EQ(Width(svg, "tier-disk"), 3 * Width(svg, "tier-host"));
+  EXPECT_NE(svg.find("disk: 300 MiB of 400 MiB (memory.disk_budget)"), std::string::npos);
+  EXPECT_NE(svg.find("disk tier files in /nvme/ferry-j-1/rank0"), std::string::npos);
+  EXPECT_NE(svg.find("300 MiB read from disk and 300 MiB written"), std::string::npos);
+}
+
 TEST(MemorySvgTest, EscapesNamesAndSurvivesAnEmptyPlacement) {
   ferry::v1::MemoryPlacement p;
   p.set_job_id("<j&>");
