@@ -1,6 +1,7 @@
 #include "engine/model/gpt.h"
 
 #include "engine/common/cpu_generator.h"
+#include "engine/model/lm_head_loss.h"
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -215,6 +216,12 @@ torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
 torch::Tensor GptImpl::Head(const torch::Tensor& x) {
   // Every rank's logits depend on the whole of x: its gradient is summed.
   return MatMul(CopyToTensorRegion(Norm(x, ln_f, *mode_), tensor_), wte->weight.t(), *mode_);
+}
+
+torch::Tensor GptImpl::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
+  if (tensor_->size() > 1) return Loss(Head(x), targets);
+  const torch::Tensor normed = Norm(x, ln_f, *mode_);
+  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), wte->weight, targets.reshape({-1}));
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {

@@ -123,6 +123,11 @@ class GptImpl : public torch::nn::Module {
   // type; across the tensor group without gathering the logits.
   torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
+  // Head(x) and Loss() in one, never holding the whole logits (see
+  // lm_head_loss.h): what the chunked engine trains with. With a tensor
+  // group of more than one rank, Loss(Head(x)).
+  torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
+
   Communicator& tensor_group() { return *tensor_; }
 
   // How to compute from now on (the weights must already be of mode.dtype).

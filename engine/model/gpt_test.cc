@@ -189,3 +189,38 @@ TEST(GptTest, ParameterShapesMatchTheModel) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// The sliced head with its loss is the model's head and loss: the same loss
+// and gradients for every parameter (fp32, within 2e-6 of the largest).
+TEST(GptTest, HeadLossIsLossOfHead) {
+  GptConfig config = SmallConfig();
+  config.vocab_size = 5000;  // two slices of 4096
+  torch::manual_seed(5);
+  Gpt model(config);
+  torch::Tensor tokens = torch::randint(0, config.vocab_size, {2, 12}, torch::kLong);
+  torch::Tensor targets = torch::randint(0, config.vocab_size, {2, 12}, torch::kLong);
+  auto grads = [&](bool sliced) {
+    model->zero_grad();
+    torch::Tensor x = model->Embed(tokens);
+    for (int64_t i = 0; i < model->block_count(); ++i) x = model->block(i).forward(x);
+    torch::Tensor loss = sliced ? model->HeadLoss(x, targets) : model->Loss(model->Head(x), targets);
+    loss.backward();
+    std::vector<torch::Tensor> g = {loss.detach().reshape({1})};
+    for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const std::vector<torch::Tensor> whole = grads(false);
+  const std::vector<torch::Tensor> sliced = grads(true);
+  ASSERT_EQ(whole.size(), sliced.size());
+  EXPECT_NEAR(sliced[0].item<double>(), whole[0].item<double>(), 1e-6 * whole[0].item<double>());
+  for (size_t i = 1; i < whole.size(); ++i) {
+    const double scale = whole[i].abs().max().item<double>();
+    EXPECT_LE((sliced[i] - whole[i]).abs().max().item<double>(), 2e-6 * scale) << "parameter " << i - 1;
+  }
+}
+
+}  // namespace
+}  // namespace ferry

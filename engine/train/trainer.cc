@@ -179,9 +179,7 @@ class ChunkedEngine : public StepEngine {
                              [model, i](const torch::Tensor& t) { return model->block(i).forward(t); });
     }
     torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
-                                         [&](const torch::Tensor& t) {
-                                           return gpt.Loss(gpt.Head(t), targets);
-                                         });
+                                         [&](const torch::Tensor& t) { return gpt.HeadLoss(t, targets); });
     *loss = l.item<double>();
     if (groups_.data != nullptr && groups_.data->size() > 1) {
       // The global batch's loss: the mean of the data ranks' shares.

@@ -87,11 +87,13 @@ TEST(TrainerTest, LearnsTheSyntheticChain) {
   EXPECT_EQ(r.step, 120);
   EXPECT_EQ(r.tokens, 120 * 8 * 32);
   EXPECT_GT(r.tokens_per_second, 0);
-  uint64_t host_params = 0;
+  uint64_t host = 0, device_params = 0;
   for (const MemoryUsage& m : r.memory) {
-    if (m.tier == "host" && m.kind == "param") host_params = m.bytes;
+    if (m.tier == "host") host += m.bytes;
+    if (m.tier == "device" && m.kind == "param") device_params = m.bytes;
   }
-  EXPECT_GE(host_params, uint64_t(TinyModel().ParameterCount()) * 4) << "master copies on the host";
+  EXPECT_EQ(device_params, uint64_t(TinyModel().ParameterCount()) * 4) << "an ample device homes every chunk";
+  EXPECT_EQ(host, 0u) << "and the host mirrors none of them";
 }
 
 TEST(TrainerTest, SameSeedSameLossesBitForBit) {
@@ -130,11 +132,12 @@ TEST(TrainerTest, ReducedPrecisionTrainsAsWellAsFp32) {
     EXPECT_LT(last.loss, 0.5 * std::log(64.0));
     EXPECT_EQ(last.loss_scale, half ? 65536.0 : 1.0);
     // Parameters and gradients take 2 bytes; the fp32 master weights sit with
-    // the optimizer states (4 more bytes beside the moments' 8).
+    // the optimizer states (4 more bytes beside the moments' 8). An ample
+    // device homes them all.
     uint64_t params = 0, states = 0;
     for (const MemoryUsage& m : last.memory) {
-      if (m.tier == "host" && m.kind == "param") params = m.bytes;
-      if (m.tier == "host" && m.kind == "optimizer") states = m.bytes;
+      if (m.tier == "device" && m.kind == "param") params = m.bytes;
+      if (m.tier == "device" && m.kind == "optimizer") states = m.bytes;
     }
     const uint64_t n = static_cast<uint64_t>(TinyModel().ParameterCount());
     EXPECT_EQ(params, 2 * n);

@@ -1,0 +1,88 @@
+#include "engine/model/lm_head_loss.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace ferry {
+namespace {
+
+// The unsliced head rounds its logits to the model's type and computes the
+// loss from them in fp32; a slice does the same.
+at::Tensor AsComputed(const at::Tensor& fp32, c10::ScalarType type) {
+  return type == at::kFloat ? fp32 : fp32.to(type).to(at::kFloat);
+}
+
+struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& targets, int64_t slice_rows) {
+    const c10::ScalarType type = x.scalar_type();
+    const at::Tensor xf = x.to(at::kFloat);
+    const int64_t rows = x.size(0), vocab = weight.size(0);
+    // The log-sum-exp is kept in fp64: rescaling the running sum at each
+    // slice would otherwise add its rounding to every softmax value.
+    at::Tensor running_max = at::full({rows}, -std::numeric_limits<double>::infinity(), xf.options().dtype(at::kDouble));
+    at::Tensor running_sum = at::zeros({rows}, xf.options().dtype(at::kDouble));
+    at::Tensor target_logit = at::zeros({rows}, xf.options());
+    for (int64_t v0 = 0; v0 < vocab; v0 += slice_rows) {
+      const int64_t n = std::min(slice_rows, vocab - v0);
+      const at::Tensor logits = AsComputed(at::matmul(xf, weight.narrow(0, v0, n).to(at::kFloat).t()), type);
+      const at::Tensor wide = logits.to(at::kDouble);
+      const at::Tensor new_max = at::maximum(running_max, std::get<0>(wide.max(1)));
+      running_sum = running_sum * at::exp(running_max - new_max) + at::exp(wide - new_max.unsqueeze(1)).sum(1);
+      running_max = new_max;
+      const at::Tensor in_slice = targets.ge(v0).logical_and(targets.lt(v0 + n));
+      const at::Tensor local = (targets - v0).clamp(0, n - 1).unsqueeze(1);
+      target_logit = target_logit + at::where(in_slice, logits.gather(1, local).squeeze(1), at::zeros_like(target_logit));
+    }
+    const at::Tensor lse = (running_max + at::log(running_sum)).to(at::kFloat);
+    ctx->save_for_backward({x, weight, targets, lse});
+    ctx->saved_data["slice_rows"] = slice_rows;
+    return (lse - target_logit).mean();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& targets = saved[2];
+    const at::Tensor& lse = saved[3];
+    const int64_t slice_rows = ctx->saved_data["slice_rows"].toInt();
+    const c10::ScalarType type = x.scalar_type();
+    const at::Tensor xf = x.to(at::kFloat);
+    const int64_t rows = x.size(0), vocab = weight.size(0);
+    // d(mean)/d(logit) = (softmax - onehot) / rows, times the incoming grad.
+    const at::Tensor scale = grads[0].to(at::kFloat) / double(rows);
+    // Summed over the slices in fp64, so that slicing adds no rounding of
+    // its own to what one product over the whole vocabulary gives.
+    at::Tensor grad_x = at::zeros_like(xf, xf.options().dtype(at::kDouble));
+    at::Tensor grad_w = at::empty_like(weight);
+    for (int64_t v0 = 0; v0 < vocab; v0 += slice_rows) {
+      const int64_t n = std::min(slice_rows, vocab - v0);
+      const at::Tensor w = weight.narrow(0, v0, n).to(at::kFloat);
+      const at::Tensor logits = AsComputed(at::matmul(xf, w.t()), type);
+      at::Tensor g = at::exp(logits - lse.unsqueeze(1));
+      const at::Tensor in_slice = targets.ge(v0).logical_and(targets.lt(v0 + n));
+      const at::Tensor local = (targets - v0).clamp(0, n - 1).unsqueeze(1);
+      g.scatter_add_(1, local, at::where(in_slice, at::full({rows}, -1.0f, g.options()), at::zeros({rows}, g.options()))
+                                   .unsqueeze(1));
+      g = AsComputed(g * scale, type);
+      grad_x.add_(at::matmul(g, w).to(at::kDouble));
+      grad_w.narrow(0, v0, n).copy_(at::matmul(g.t(), xf));
+    }
+    return {grad_x.to(type), grad_w, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor LmHeadCrossEntropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                              int64_t slice_rows) {
+  return SlicedHeadLoss::apply(x, weight, targets, std::max<int64_t>(1, slice_rows));
+}
+
+}  // namespace ferry

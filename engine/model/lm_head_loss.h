@@ -1,0 +1,29 @@
+#pragma once
+
+// The language-model head and its cross-entropy in one, over slices of the
+// vocabulary: the logits x W^T ([rows x vocab]) and their gradient are never
+// whole. The forward keeps a running log-sum-exp per row and the target's
+// logit; the backward recomputes each slice's logits, turns them into the
+// slice's softmax less the one-hot targets, and accumulates the gradients of
+// x and of that slice of W. The head's largest tensors -- the logits, their
+// gradient, and in reduced precision an fp32 copy of the whole embedding
+// matrix and of its gradient -- become one slice of each.
+//
+// The products are computed in fp32 (from reduced values when x and W are
+// fp16 or bf16), and in reduced precision the logits and their gradient are
+// rounded to that type as the unsliced head rounds them, so training is the
+// same up to the order of the softmax's sums.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+namespace ferry {
+
+// The mean cross-entropy of the logits x W^T against `targets`: x is
+// [rows, hidden], W [vocab, hidden] (same type), targets [rows] (int64).
+// `slice_rows` vocabulary rows are computed at a time.
+at::Tensor LmHeadCrossEntropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                              int64_t slice_rows = 4096);
+
+}  // namespace ferry
