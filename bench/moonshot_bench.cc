@@ -1,0 +1,211 @@
+// GPT-2 XL on a machine without a GPU: the three tiers at the scale they are
+// for. The preset gpt2-xl (1.56 B parameters; sequence length 256, batch 1,
+// bf16, recompute auto) trains on the simulated device with a 1 GiB device
+// budget, a 12 GiB host budget and the disk tier under --disk_dir, for
+// --steps steps; the first is the warm-up. Reports the losses, the median
+// step time after the warm-up and where it went, the process's peak resident
+// memory, host and disk bytes for model data, and disk traffic per step
+// against the plan's prediction.
+//
+//   bazel run -c opt //bench:moonshot [-- --quick] [--disk_dir=DIR]
+//
+// --quick (under three minutes) trains a small GPT whose host budget is
+// below its model data, so the disk tier is used all the same, and writes
+// the same keys. Writes bench/results/moonshot.json (moonshot_quick.json
+// with --quick) and prints a table. Figures only; nothing here passes or
+// fails.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/bench_output.h"
+#include "bench/sim_trial.h"
+#include "engine/common/host_info.h"
+#include "engine/model/gpt_config.h"
+
+ABSL_FLAG(bool, quick, false, "A small GPT with a host budget below its model data (under three minutes).");
+ABSL_FLAG(int64_t, steps, 5, "Steps to train, the warm-up included.");
+ABSL_FLAG(std::string, disk_dir, "/var/tmp/ferry-moonshot", "Directory for the disk tier's chunk files.");
+ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/moonshot.json).");
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// The kernel's high-water mark of this process's resident memory.
+uint64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+class Progress : public Collector {
+ public:
+  void OnStep(const StepReport& r) override {
+    Collector::OnStep(r);
+    std::printf("  step %lld/%lld: loss %.4f, %.1f s (disk wait %.1f s, %.2f GiB read, %.2f GiB written)\n",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss, r.step_seconds,
+                r.times.disk, double(r.memory_stats.disk_to_host_bytes) / kGiB,
+                double(r.memory_stats.host_to_disk_bytes) / kGiB);
+    std::fflush(stdout);
+  }
+  void OnLog(LogLevel, const std::string& message) override {
+    std::printf("  %s\n", message.c_str());
+    std::fflush(stdout);
+  }
+};
+
+std::string JsonList(const std::vector<double>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, ", ", [](std::string* out, double x) {
+                        absl::StrAppend(out, absl::StrFormat("%.6g", x));
+                      }), "]");
+}
+
+int Run() {
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  GptConfig model;
+  uint64_t device_bytes = kGiB, host_budget = 12 * kGiB;
+  if (quick) {
+    model.layers = 8;
+    model.hidden = 512;
+    model.heads = 8;
+    model.vocab_size = 8192;
+    model.seq_len = 128;
+    device_bytes = 128 * kMiB;
+    // A little over half its 16 bytes a parameter: most optimizer states
+    // must go to disk.
+    host_budget = static_cast<uint64_t>(model.ParameterCount()) * 16 / 20 * 11;
+  } else {
+    absl::StatusOr<GptConfig> preset = GptPreset("gpt2-xl");
+    if (!preset.ok()) {
+      std::fprintf(stderr, "moonshot: %s\n", std::string(preset.status().message()).c_str());
+      return 1;
+    }
+    model = *preset;
+    model.seq_len = 256;
+  }
+  model.dropout = 0;
+  const int64_t steps = std::max<int64_t>(2, absl::GetFlag(FLAGS_steps));
+  MemoryOptions memory;
+  memory.host_budget_bytes = host_budget;
+  memory.disk_dir = absl::GetFlag(FLAGS_disk_dir);
+  memory.disk_budget_bytes = 200 * kGiB;
+  memory.recompute = MemoryOptions::Recompute::kAuto;
+
+  std::printf("moonshot: %lld parameters (%d layers, hidden %lld, vocab %lld, seq %lld), bf16, batch 1; "
+              "device %.0f MiB, host budget %.2f GiB, disk tier in %s\n",
+              static_cast<long long>(model.ParameterCount()), static_cast<int>(model.layers),
+              static_cast<long long>(model.hidden), static_cast<long long>(model.vocab_size),
+              static_cast<long long>(model.seq_len), double(device_bytes) / kMiB, double(host_budget) / kGiB,
+              memory.disk_dir.c_str());
+  std::fflush(stdout);
+
+  Progress observer;
+  absl::Status status;
+  {
+    SimulatedDevice device(device_bytes);
+    TrainOptions train;
+    train.steps = steps;
+    train.batch_size = 1;
+    train.lr = quick ? 1e-3 : 6e-4;
+    train.min_lr = train.lr / 10;
+    train.warmup_steps = 1;
+    train.precision = TrainOptions::Precision::kBf16;
+    EngineOptions engine;
+    engine.device = &device;
+    engine.memory = memory;
+    // A Markov chain over the first 1024 tokens: a model that learns which
+    // tokens occur at all shows it within a few steps.
+    const int64_t data_vocab = std::min<int64_t>(model.vocab_size, 1024);
+    status = Trainer(model, train, engine, std::make_unique<SyntheticSource>(data_vocab, 2, 1, 1), &observer).Run();
+  }
+  const uint64_t peak_rss = PeakResidentBytes();
+  if (!status.ok()) std::printf("moonshot: training failed: %s\n", std::string(status.message()).c_str());
+
+  const std::vector<StepReport>& r = observer.reports;
+  std::vector<double> losses, seconds, compute, optimizer, disk, transfer;
+  uint64_t read = 0, written = 0, host_peak = 0, host_bytes = 0, disk_bytes = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    losses.push_back(r[i].loss);
+    host_peak = std::max(host_peak, r[i].memory_stats.peak_host_model_bytes);
+    if (i == 0) continue;  // the warm-up
+    const StepReport::Times& t = r[i].times;
+    seconds.push_back(r[i].step_seconds);
+    compute.push_back(std::max(0.0, t.forward + t.backward - r[i].memory_stats.transfer_seconds));
+    optimizer.push_back(std::max(0.0, t.optimizer - t.disk));
+    disk.push_back(t.disk);
+    transfer.push_back(r[i].memory_stats.transfer_seconds);
+    read = r[i].memory_stats.disk_to_host_bytes;
+    written = r[i].memory_stats.host_to_disk_bytes;
+  }
+  if (!r.empty()) {
+    const StepMemoryStats& last = r.back().memory_stats;
+    host_bytes = last.host_model_bytes;
+    for (int k = 0; k < 3; ++k) disk_bytes += last.disk_bytes[k];
+  }
+  const PlacementReport& placement = observer.placement;
+  const double params = double(model.ParameterCount());
+  const uint64_t capacity = device_bytes + host_budget + disk_bytes;
+
+  std::printf("\n%-34s %s\n", "parameters", absl::StrFormat("%.0f", params).c_str());
+  std::printf("%-34s %s\n", "losses", absl::StrJoin(losses, ", ", [](std::string* o, double x) {
+                absl::StrAppend(o, absl::StrFormat("%.4f", x));
+              }).c_str());
+  std::printf("%-34s %.1f s\n", "step (median after warm-up)", Median(seconds));
+  std::printf("%-34s compute %.1f s, optimizer %.1f s, exposed disk %.1f s, exposed transfer %.1f s\n",
+              "where a step went (medians)", Median(compute), Median(optimizer), Median(disk), Median(transfer));
+  std::printf("%-34s %.2f GiB\n", "peak RSS of the process", double(peak_rss) / kGiB);
+  std::printf("%-34s %.2f GiB peak (%.2f B a parameter), %.2f GiB planned\n", "host memory for model data",
+              double(host_peak) / kGiB, double(host_peak) / params, double(placement.planned_host_bytes) / kGiB);
+  std::printf("%-34s %.2f GiB\n", "disk tier", double(disk_bytes) / kGiB);
+  std::printf("%-34s read %.2f GiB, written %.2f GiB; planned %.2f / %.2f GiB\n", "disk traffic per step",
+              double(read) / kGiB, double(written) / kGiB, double(placement.planned_disk_read_bytes) / kGiB,
+              double(placement.planned_disk_write_bytes) / kGiB);
+  std::printf("%-34s %.2f\n", "capacity ratio 16 P / (D + H + K)", params * 16 / double(capacity));
+
+  std::string json = absl::StrCat(
+      "{\n  \"model\": ", JsonString(quick ? "quick" : "gpt2-xl"), ",\n  \"params\": ",
+      absl::StrFormat("%.0f", params), ",\n  \"seq_len\": ", model.seq_len, ",\n  \"batch\": 1",
+      ",\n  \"precision\": \"bf16\",\n  \"device_budget_bytes\": ", device_bytes, ",\n  \"host_budget_bytes\": ",
+      host_budget, ",\n  \"ok\": ", status.ok() ? "true" : "false", ",\n  \"error\": ",
+      JsonString(std::string(status.message())), ",\n  \"steps\": ", r.size(), ",\n  \"losses\": ", JsonList(losses),
+      ",\n  \"step_seconds\": ", absl::StrFormat("%.3f", Median(seconds)), ",\n  \"step_seconds_all\": ",
+      JsonList(seconds), ",\n  \"step_split\": {\"compute\": ", absl::StrFormat("%.3f", Median(compute)),
+      ", \"optimizer\": ", absl::StrFormat("%.3f", Median(optimizer)),
+      ", \"exposed_disk\": ", absl::StrFormat("%.3f", Median(disk)),
+      ", \"exposed_transfer\": ", absl::StrFormat("%.3f", Median(transfer)), "}",
+      ",\n  \"peak_rss_bytes\": ", peak_rss, ",\n  \"host_bytes\": ", host_peak,
+      ",\n  \"host_bytes_at_end\": ", host_bytes, ",\n  \"host_bytes_per_param\": ",
+      absl::StrFormat("%.3f", double(host_peak) / params), ",\n  \"planned_host_bytes\": ",
+      placement.planned_host_bytes, ",\n  \"disk_bytes\": ", disk_bytes, ",\n  \"disk_read_bytes_per_step\": ", read,
+      ",\n  \"disk_write_bytes_per_step\": ", written, ",\n  \"planned_disk_read_bytes_per_step\": ",
+      placement.planned_disk_read_bytes, ",\n  \"planned_disk_write_bytes_per_step\": ",
+      placement.planned_disk_write_bytes, ",\n  \"capacity_ratio\": ",
+      absl::StrFormat("%.3f", params * 16 / double(capacity)), ",\n  \"host_memory_bytes\": ",
+      HostMemoryTotalBytes(), ",\n  \"cpus\": ", HostCpuCount(), "\n}\n");
+  return WriteBenchResult(quick ? "moonshot_quick" : "moonshot", absl::GetFlag(FLAGS_out), json);
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ferry::Run();
+}
