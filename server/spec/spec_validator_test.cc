@@ -276,6 +276,21 @@ TEST(SpecValidatorTest, TheDiskTierTakesTheOptimizerStatesHostMemoryCannotHold) 
   EXPECT_TRUE(ValidateSpec(Resolved(xl), local).ok());
 }
 
+// examples/gpt2-xl-no-gpu.yaml says it needs about 16 GiB of memory and
+// 15 GiB of free disk.
+TEST(SpecValidatorTest, GptXlWithoutAGpuFitsWhatItsExampleSays) {
+  absl::StatusOr<JobSpec> parsed = LoadJobFile(std::string(std::getenv("TEST_SRCDIR")) +
+                                               "/ferry/examples/gpt2-xl-no-gpu.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  absl::StatusOr<JobSpec> spec = WithDefaults(*parsed);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  MachineFacts machine = MachineWithDisk(15 * kGiB);
+  machine.device_is_host_memory = true;
+  EXPECT_TRUE(ValidateSpec(*spec, machine).ok()) << ValidateSpec(*spec, machine);
+  machine.disk = FakeDisk(10 * kGiB);
+  EXPECT_EQ(ValidateSpec(*spec, machine).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(SpecValidatorTest, TheDiskBudgetHasAFloorAndNoOffSwitch) {
   ExpectProblem("data: {synthetic: {}}\nmemory: {disk_budget: 4KiB}", absl::StatusCode::kInvalidArgument,
                 "memory.disk_budget: 4 KiB is too small for the disk tier; use at least 1MiB");
