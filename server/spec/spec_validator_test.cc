@@ -111,6 +111,16 @@ TEST(SpecDefaultsTest, RecomputeModes) {
                 absl::StatusCode::kInvalidArgument, "memory.recompute_every: 5000 is out of range");
 }
 
+TEST(SpecDefaultsTest, TheDiskTierReachesTheEngineAsSet) {
+  const MemoryOptions unset = ToMemoryOptions(Resolved("data: {synthetic: {}}").memory());
+  EXPECT_EQ(unset.disk_dir, "") << "the worker fills in the job's own directory";
+  EXPECT_EQ(unset.disk_budget_bytes, 0u);
+  const MemoryOptions set =
+      ToMemoryOptions(Resolved("data: {synthetic: {}}\nmemory: {disk_dir: /nvme, disk_budget: 20GiB}").memory());
+  EXPECT_EQ(set.disk_dir, "/nvme");
+  EXPECT_EQ(set.disk_budget_bytes, 20 * kGiB);
+}
+
 TEST(SpecDefaultsTest, CheckpointDefaults) {
   JobSpec spec = Resolved("data: {synthetic: {}}\ncheckpoint: {dir: ckpt}");
   EXPECT_EQ(spec.checkpoint().every_steps(), 100u);
