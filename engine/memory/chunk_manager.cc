@@ -784,9 +784,21 @@ void ChunkManager::CompleteReduce(Chunk& chunk) {
   Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
   at::Tensor grads = g.device.narrow(0, 0, chunk.used);
   // In fp32 whatever the gradients' type; an overflow shows as inf or NaN.
+  // Reduced-precision gradients are widened a piece at a time: a norm in
+  // fp32 of the whole chunk would first copy it whole to fp32 (a 2-byte
+  // chunk's size twice over, on the device).
   auto sq_norm = [](const at::Tensor& t) {
-    const double n = at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat).item<double>();
-    return n * n;
+    if (t.scalar_type() == at::kFloat) {
+      const double n = at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat).item<double>();
+      return n * n;
+    }
+    constexpr int64_t kPiece = int64_t{1} << 22;
+    at::Tensor sum = at::zeros({}, t.options().dtype(at::kDouble));
+    for (int64_t i = 0; i < t.numel(); i += kPiece) {
+      const at::Tensor piece = t.narrow(0, i, std::min(kPiece, t.numel() - i));
+      sum.add_(at::linalg_vector_norm(piece, 2, c10::nullopt, false, at::kFloat).to(at::kDouble).square());
+    }
+    return sum.item<double>();
   };
   double sq = sq_norm(grads);
   const int tensor_ranks = groups_.tensor != nullptr ? groups_.tensor->size() : 1;

@@ -41,6 +41,7 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     const at::Tensor lse = (running_max + at::log(running_sum)).to(at::kFloat);
     ctx->save_for_backward({x, weight, targets, lse});
     ctx->saved_data["slice_rows"] = slice_rows;
+    ctx->saved_data["weight"] = weight;
     return (lse - target_logit).mean();
   }
 
@@ -60,7 +61,11 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     // Summed over the slices in fp64, so that slicing adds no rounding of
     // its own to what one product over the whole vocabulary gives.
     at::Tensor grad_x = at::zeros_like(xf, xf.options().dtype(at::kDouble));
-    at::Tensor grad_w = at::empty_like(weight);
+    // Where W already has a gradient (a chunk's, say), each slice is added
+    // to it in place, as autograd would add the whole: no W-sized temporary.
+    const at::Tensor param = ctx->saved_data["weight"].toTensor();
+    const bool in_place = param.grad().defined();
+    at::Tensor grad_w = in_place ? param.grad() : at::zeros_like(weight);
     for (int64_t v0 = 0; v0 < vocab; v0 += slice_rows) {
       const int64_t n = std::min(slice_rows, vocab - v0);
       const at::Tensor w = weight.narrow(0, v0, n).to(at::kFloat);
@@ -72,9 +77,9 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
                                    .unsqueeze(1));
       g = AsComputed(g * scale, type);
       grad_x.add_(at::matmul(g, w).to(at::kDouble));
-      grad_w.narrow(0, v0, n).copy_(at::matmul(g.t(), xf));
+      grad_w.narrow(0, v0, n).add_(at::matmul(g.t(), xf).to(grad_w.scalar_type()));
     }
-    return {grad_x.to(type), grad_w, at::Tensor(), at::Tensor()};
+    return {grad_x.to(type), in_place ? at::Tensor() : grad_w, at::Tensor(), at::Tensor()};
   }
 };
 

@@ -9,6 +9,11 @@
 // gradient, and in reduced precision an fp32 copy of the whole embedding
 // matrix and of its gradient -- become one slice of each.
 //
+// Where W already has a gradient, W's slices of it are added in place (as
+// Megatron's fused weight-gradient accumulation does) and autograd is handed
+// none, so no W-sized gradient is ever allocated; else W's gradient is
+// returned whole.
+//
 // The products are computed in fp32 (from reduced values when x and W are
 // fp16 or bf16), and in reduced precision the logits and their gradient are
 // rounded to that type as the unsliced head rounds them, so training is the

@@ -79,3 +79,23 @@ TEST(LmHeadLossTest, ReducedPrecisionRoundsAsTheWholeHeadDoes) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST(LmHeadLossTest, AnExistingGradientIsAddedToInPlace) {
+  torch::manual_seed(6);
+  torch::Tensor x = torch::randn({20, 16});
+  torch::Tensor w0 = torch::randn({300, 16});
+  torch::Tensor targets = torch::randint(0, 300, {20}, torch::kLong);
+  const Result whole = Whole(x, w0, targets);
+  torch::Tensor w = w0.clone().requires_grad_(true);
+  torch::Tensor buffer = torch::full({300, 16}, 0.5);
+  w.mutable_grad() = buffer;
+  LmHeadCrossEntropy(x, w, targets, 64).backward();
+  EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr()) << "the same memory, added to";
+  EXPECT_LT(MaxRelative(w.grad() - 0.5, whole.grad_w), 2e-6);
+}
+
+}  // namespace
+}  // namespace ferry
