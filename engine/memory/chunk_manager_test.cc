@@ -69,6 +69,18 @@ struct ToyModel {
   }
 };
 
+// One step's forward through the manager: every stage, the last with the
+// loss against `target` (computed in fp32).
+torch::Tensor ToyForward(ChunkManager& manager, ToyModel& model, torch::Tensor x, const torch::Tensor& target) {
+  for (int s = 0; s < model.stage_count(); ++s) {
+    x = manager.RunStage(s, x, [&, s](const torch::Tensor& in) {
+      torch::Tensor y = model.Stage(s, in);
+      return s == model.last() ? torch::mse_loss(y.to(at::kFloat), target) : y;
+    });
+  }
+  return x;
+}
+
 struct RunResult {
   std::vector<float> losses;
   std::vector<StepMemoryStats> stats;
@@ -110,12 +122,7 @@ RunResult Train(uint64_t capacity, MemoryOptions options, int steps, const RunSh
     torch::Tensor target;
     torch::Tensor x = Batch(step, &target).to(shape.dtype);
     (*manager)->BeginStep({8, 16});
-    for (int s = 0; s < model.stage_count(); ++s) {
-      x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
-        torch::Tensor y = model.Stage(s, in);
-        return s == model.last() ? torch::mse_loss(y.to(at::kFloat), target) : y;
-      });
-    }
+    x = ToyForward(**manager, model, x, target);
     result.losses.push_back(x.item<float>());
     x.backward();
     absl::Status finished = (*manager)->FinishBackward();
@@ -559,12 +566,7 @@ TEST(ChunkManagerTest, ReportedFetchesAreTheCopiesTheDeviceMade) {
     (*manager)->BeginStep({8, 16});
     const int copies_before = device.copies_in;
     const uint64_t bytes_before = device.bytes_in;
-    for (int s = 0; s < model.stage_count(); ++s) {
-      x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
-        torch::Tensor y = model.Stage(s, in);
-        return s == model.last() ? torch::mse_loss(y, target) : y;
-      });
-    }
+    x = ToyForward(**manager, model, x, target);
     x.backward();
     ASSERT_TRUE((*manager)->FinishBackward().ok());
     (*manager)->OptimizerStep(step, 0.01, 0.0);
@@ -726,12 +728,7 @@ TEST(ChunkManagerTest, ADamagedChunkFileFailsTheStepNamingIt) {
   torch::Tensor target;
   torch::Tensor x = Batch(1, &target).to(at::kBFloat16);
   (*manager)->BeginStep({8, 16});
-  for (int s = 0; s < model.stage_count(); ++s) {
-    x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
-      torch::Tensor y = model.Stage(s, in);
-      return s == model.last() ? torch::mse_loss(y.to(at::kFloat), target) : y;
-    });
-  }
+  x = ToyForward(**manager, model, x, target);
   x.backward();
   ASSERT_TRUE((*manager)->FinishBackward().ok());
   try {
