@@ -81,13 +81,13 @@ TierPlan PlanTiers(const TierInput& in) {
     // cap on what may go there trades staging for states kept: for each cap
     // (each state's size), move the largest states under it until the host
     // fits, and keep the feasible plan that puts the fewest bytes on disk
-    // (the least traffic). With no feasible cap, every state on disk shows
-    // the least the host can need.
+    // (the least traffic). With no feasible cap, the plan that needs the
+    // least host memory shows how far off the budget is.
     std::vector<size_t> order(chunks);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return in.optimizer_bytes[a] > in.optimizer_bytes[b]; });
-    TierPlan best;
+    TierPlan best, least = plan;
     bool found = false;
     for (size_t cap : order) {
       TierPlan trial;
@@ -99,17 +99,14 @@ TierPlan PlanTiers(const TierInput& in) {
         trial.optimizer_tier[c] = Tier::kDisk;
         HostNeeds(in, trial.optimizer_tier, &trial);
       }
+      if (trial.host_bytes < least.host_bytes) least = trial;
       if (host_fits(trial) && (!found || trial.disk_bytes < best.disk_bytes ||
                                (trial.disk_bytes == best.disk_bytes && trial.host_bytes < best.host_bytes))) {
         best = trial;
         found = true;
       }
     }
-    if (!found) {
-      best.optimizer_tier.assign(chunks, Tier::kDisk);
-      HostNeeds(in, best.optimizer_tier, &best);
-    }
-    plan = std::move(best);
+    plan = found ? std::move(best) : std::move(least);
   }
   const bool disk_fits = plan.disk_bytes <= in.disk_limit_bytes || plan.disk_bytes == 0;
   plan.feasible = host_fits(plan) && disk_fits;
@@ -124,8 +121,11 @@ TierPlan PlanTiers(const TierInput& in) {
   std::string what = "memory: the model's data does not fit: " + Gib(params) + " of weights, " + Gib(grads) +
                      " of gradients and " + Gib(states) + " of optimizer states";
   if (!host_fits(plan)) {
+    int on_disk = 0;
+    for (Tier t : plan.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
     what += in.disk_limit_bytes > 0
-                ? "; with every optimizer state on disk the host still needs " + Gib(plan.host_bytes) + " (" +
+                ? "; even with the optimizer states of " + std::to_string(on_disk) + " of " +
+                      std::to_string(chunks) + " chunks on disk the host needs " + Gib(plan.host_bytes) + " (" +
                       Gib(plan.host_steady_bytes - plan.staging_bytes) + " of weights and gradients, " +
                       Gib(plan.staging_bytes) + " of disk staging buffers; " + Gib(plan.host_construction_bytes) +
                       " while the model is built)"

@@ -77,8 +77,9 @@ struct TierPlan {
 // Keeps every optimizer state on the host while the host limit allows;
 // otherwise moves states to disk until the host side fits, choosing among
 // caps on the size of a state on disk (which sizes the staging buffers) the
-// plan that puts the fewest bytes there. Infeasible when even every state on
-// disk leaves the host over its limit, or the disk states over the disk's.
+// plan that puts the fewest bytes there. Infeasible when no choice brings the
+// host within its limit (the plan returned is then the one needing the least
+// host memory) or the disk states are over the disk's.
 TierPlan PlanTiers(const TierInput& input);
 
 // What the host side may use when the job sets no memory.host_budget: most
