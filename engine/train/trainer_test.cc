@@ -425,5 +425,35 @@ TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {
   EXPECT_NE(run->status.message().find("memory.device_budget"), std::string::npos) << run->status;
 }
 
+// GPT-2 small in bf16 on a 256 MiB device: the whole model's data (about
+// 2 GiB) lives on the host and streams; the warm-up, which fetches every
+// period's chunks just before it, and the steady steps after it must fit the
+// device without running out of memory.
+TEST(TrainerTest, Bf16Gpt2SmallTrainsOnA256MiBDevice) {
+  absl::StatusOr<GptConfig> model = GptPreset("gpt2-small");
+  ASSERT_TRUE(model.ok()) << model.status();
+  model->seq_len = 256;
+  model->dropout = 0.0;
+  TrainOptions o = Quick(3);
+  o.batch_size = 2;
+  o.precision = TrainOptions::Precision::kBf16;
+  auto run = Train(*model, o, 256ull << 20, MemoryOptions());
+  ASSERT_TRUE(run->status.ok()) << run->status;
+  const auto& reports = run->observer.reports;
+  ASSERT_EQ(reports.size(), 3u);
+  EXPECT_TRUE(reports[0].memory_stats.warmup);
+  for (const StepReport& r : reports) {
+    EXPECT_TRUE(std::isfinite(r.loss)) << "step " << r.step;
+    EXPECT_TRUE(std::isfinite(r.grad_norm)) << "step " << r.step;
+    EXPECT_LE(r.memory_stats.peak_device_bytes, 256ull << 20) << "step " << r.step;
+  }
+  for (size_t s = 1; s < reports.size(); ++s) {
+    EXPECT_FALSE(reports[s].memory_stats.warmup) << "step " << s + 1;
+    // The model's 250 MB of bf16 weights alone leave no room to keep every
+    // chunk: chunks must move.
+    EXPECT_GT(reports[s].memory_stats.host_to_device_bytes, 0u) << "step " << s + 1;
+  }
+}
+
 }  // namespace
 }  // namespace ferry
