@@ -95,50 +95,11 @@ struct CheckpointStage : public torch::autograd::Function<CheckpointStage> {
   }
 };
 
-// A 1-D buffer on `device` whose storage outlives its memory: the manager
-// swaps the memory behind it in and out.
-at::Tensor MakeDeviceBuffer(MemoryDevice* device, int64_t numel, c10::ScalarType dtype) {
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, device->ReleasedPlaceholder(bytes),
-                       /*allocator=*/nullptr, /*resizable=*/false);
-  return at::empty({0}, at::TensorOptions().dtype(dtype).device(device->compute_device()))
-      .set_(storage, 0, {numel}, {1});
-}
-
 LowType LowTypeOf(c10::ScalarType t) {
   return t == at::kHalf ? LowType::kFloat16 : t == at::kBFloat16 ? LowType::kBFloat16 : LowType::kFloat32;
 }
 
 }  // namespace
-
-struct ChunkManager::Payload {
-  PayloadKind kind = PayloadKind::kParam;
-  int chunk = 0;
-  int64_t numel = 0;
-  c10::ScalarType dtype = c10::kFloat;
-  uint64_t bytes = 0;
-  // The device copy: persistent storage whose memory comes and goes.
-  at::Tensor device;
-  bool resident = false;
-  bool device_valid = false;
-  // The host copy: for a host-homed payload, allocated on first need and
-  // kept while needed; for a disk-homed one, a view of a staging buffer
-  // (`staging`) while it is loaded.
-  at::Tensor host;
-  bool host_valid = false;
-  // Where its authoritative host-side copy lives, and for kDisk its file
-  // and whether that holds its current values.
-  Tier home = Tier::kHost;
-  int disk_file = -1;
-  bool disk_valid = false;
-  int staging = -1;
-  // The plan keeps it on the device.
-  bool pinned = false;
-  // Fetched ahead of its period and not used since.
-  bool prefetched = false;
-  // Periods that need it on the device, ascending.
-  std::vector<int> uses;
-};
 
 struct ChunkManager::Chunk {
   int id = 0;
@@ -169,7 +130,11 @@ struct ChunkManager::ManagedTensor {
 };
 
 ChunkManager::ChunkManager(MemoryDevice* device, MemoryOptions options, OptimizerOptions optimizer)
-    : device_(device), simd_(BestSimdPath()), options_(options), optimizer_(optimizer) {}
+    : device_(device),
+      store_(device, options.host_budget_bytes),
+      simd_(BestSimdPath()),
+      options_(options),
+      optimizer_(optimizer) {}
 
 ChunkManager::~ChunkManager() = default;
 
@@ -216,7 +181,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       p.numel = p.kind == PayloadKind::kOptimizer ? (m->mixed() ? 3 : 2) * chunk.capacity : chunk.capacity;
       p.dtype = p.kind == PayloadKind::kOptimizer ? c10::kFloat : optimizer.param_dtype;
       p.bytes = static_cast<uint64_t>(p.numel) * c10::elementSize(p.dtype);
-      p.device = MakeDeviceBuffer(device, p.numel, p.dtype);
+      m->store_.InitDevice(p);
     }
   }
   // Where each chunk's host side lives; the model's values as built count
@@ -235,34 +200,15 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   tiers.disk_limit_bytes = options.disk_dir.empty() ? 0 : options.disk_budget_bytes;
   m->tier_plan_ = PlanTiers(tiers);
   if (!m->tier_plan_.feasible) return absl::ResourceExhaustedError(m->tier_plan_.problem);
-  uint64_t largest_on_disk = 0;
+  std::vector<Payload*> on_disk;
   for (size_t c = 0; c < m->chunks_.size(); ++c) {
-    if (m->tier_plan_.optimizer_tier[c] != Tier::kDisk) continue;
-    Payload& o = m->chunks_[c].payloads[static_cast<int>(PayloadKind::kOptimizer)];
-    o.home = Tier::kDisk;
-    largest_on_disk = std::max(largest_on_disk, o.bytes);
-  }
-  if (largest_on_disk > 0) {
-    DiskStoreOptions disk;
-    disk.dir = options.disk_dir;
-    disk.budget_bytes = options.disk_budget_bytes;
-    disk.direct_io = options.disk_direct_io;
-    absl::StatusOr<std::unique_ptr<DiskStore>> store = DiskStore::Open(disk);
-    if (!store.ok()) return store.status();
-    m->disk_ = *std::move(store);
-    for (Chunk& chunk : m->chunks_) {
-      Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
-      if (o.home != Tier::kDisk) continue;
-      absl::StatusOr<int> file = m->disk_->AddFile(absl::StrCat("o", chunk.id), o.bytes);
-      if (!file.ok()) return file.status();
-      o.disk_file = *file;
-    }
-    for (int b = 0; b < kDiskStagingBuffers; ++b) {
-      m->staging_.emplace_back(largest_on_disk);
-      m->AddHostBytes(static_cast<int64_t>(m->staging_.back().size()));
+    if (m->tier_plan_.optimizer_tier[c] == Tier::kDisk) {
+      on_disk.push_back(&m->chunks_[c].payloads[static_cast<int>(PayloadKind::kOptimizer)]);
     }
   }
-  m->AddHostBytes(static_cast<int64_t>(tiers.construction_bytes));
+  absl::Status disk = m->store_.OpenDisk(options, on_disk);
+  if (!disk.ok()) return disk;
+  m->store_.AddHostBytes(static_cast<int64_t>(tiers.construction_bytes));
   m->tensors_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const TensorSlot& slot = m->layout_.slots[i];
@@ -302,12 +248,12 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   absl::Status status = CallTorch("placing parameters in chunks", [&]() -> absl::Status {
     // Disk-homed masters are written behind, through the staging buffers in
     // turn.
-    std::vector<std::pair<Payload*, DiskStore::Ticket>> writing(m->staging_.size(), {nullptr, 0});
+    std::vector<std::pair<Payload*, DiskStore::Ticket>> writing(m->store_.staging_count(), {nullptr, 0});
     int next_buffer = 0;
     for (Chunk& chunk : m->chunks_) {
       Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
       Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
-      m->EnsureHost(p);
+      m->store_.EnsureHost(p);
       HostAllocationScope host;
       // fp32: the parameter chunk is the master. Mixed precision: the master
       // sits with the optimizer states, the parameters are its rounded copy.
@@ -315,11 +261,11 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       if (m->mixed()) {
         if (o.home == Tier::kDisk) {
           auto& [previous, ticket] = writing[static_cast<size_t>(next_buffer)];
-          if (previous != nullptr) m->FinishStore(*previous, ticket);
-          m->AttachStaging(o, next_buffer);
-          next_buffer = (next_buffer + 1) % static_cast<int>(m->staging_.size());
+          if (previous != nullptr) m->store_.FinishStore(*previous, ticket);
+          m->store_.AttachStaging(o, next_buffer);
+          next_buffer = (next_buffer + 1) % static_cast<int>(m->store_.staging_count());
         } else {
-          m->EnsureHost(o);
+          m->store_.EnsureHost(o);
         }
         o.host.zero_();
         chunk.optimizer_initialized = true;
@@ -333,20 +279,20 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       if (m->mixed()) {
         p.host.copy_(master);
         o.host_valid = true;
-        if (o.home == Tier::kDisk) writing[static_cast<size_t>(o.staging)] = {&o, m->StartStore(o)};
+        if (o.home == Tier::kDisk) writing[static_cast<size_t>(o.staging)] = {&o, m->store_.StartStore(o)};
       }
       p.host_valid = true;
       for (int i : chunk.tensors) {
         ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
         const std::vector<int64_t> shape = t.param.sizes().vec();
-        m->AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
+        m->store_.AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
         t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
         t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
         t.state = Transition(t.name, t.state, TensorState::kHold);
       }
     }
     for (auto& [o, ticket] : writing) {
-      if (o != nullptr) m->FinishStore(*o, ticket);
+      if (o != nullptr) m->store_.FinishStore(*o, ticket);
     }
     return absl::OkStatus();
   });
@@ -364,11 +310,11 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   return m;
 }
 
-ChunkManager::Payload& ChunkManager::payload(int chunk, PayloadKind kind) {
+Payload& ChunkManager::payload(int chunk, PayloadKind kind) {
   return chunks_[static_cast<size_t>(chunk)].payloads[static_cast<int>(kind)];
 }
 
-const ChunkManager::Payload& ChunkManager::payload(int chunk, PayloadKind kind) const {
+const Payload& ChunkManager::payload(int chunk, PayloadKind kind) const {
   return chunks_[static_cast<size_t>(chunk)].payloads[static_cast<int>(kind)];
 }
 
@@ -383,101 +329,6 @@ std::string ChunkManager::PeriodName(int period) const {
 }
 
 // --- Moving payloads. ---
-
-void ChunkManager::Materialize(Payload& p) {
-  if (p.resident) return;
-  p.device.storage().unsafeGetStorageImpl()->set_data_ptr(device_->AllocateDevice(p.bytes));
-  p.resident = true;
-  p.device_valid = false;
-}
-
-void ChunkManager::Release(Payload& p) {
-  if (!p.resident) return;
-  c10::StorageImpl* storage = p.device.storage().unsafeGetStorageImpl();
-  device_->RecordTransferUse(storage->data_ptr());
-  storage->set_data_ptr(device_->ReleasedPlaceholder(p.bytes));
-  p.resident = false;
-  p.device_valid = false;
-  p.prefetched = false;
-}
-
-void ChunkManager::AddHostBytes(int64_t bytes) {
-  host_model_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(host_model_bytes_) + bytes);
-  peak_host_model_bytes_ = std::max(peak_host_model_bytes_, host_model_bytes_);
-}
-
-void ChunkManager::EnsureHost(Payload& p) {
-  if (p.host.defined()) return;
-  if (p.home == Tier::kDisk) {
-    throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind),
-                                        ": a disk-homed payload has no host buffer of its own"));
-  }
-  if (options_.host_budget_bytes > 0 && host_model_bytes_ + p.bytes > options_.host_budget_bytes) {
-    throw ResourceExhaustedException(absl::StrCat(
-        "memory.host_budget: model data needs more than its ", Mib(options_.host_budget_bytes),
-        " of host memory (", Mib(host_model_bytes_), " held, ", Mib(p.bytes), " more for chunk ", p.chunk,
-        "); raise memory.host_budget, give the job a disk tier (memory.disk_budget), or use a smaller model"));
-  }
-  p.host = device_->AllocateHost(p.numel, p.dtype);
-  AddHostBytes(static_cast<int64_t>(p.bytes));
-}
-
-void ChunkManager::ReleaseHost(Payload& p) {
-  if (p.home == Tier::kDisk) {
-    DetachStaging(p);
-    return;
-  }
-  p.host_valid = false;
-  if (!p.host.defined()) return;
-  p.host = at::Tensor();
-  AddHostBytes(-static_cast<int64_t>(p.bytes));
-}
-
-void ChunkManager::AttachStaging(Payload& p, int buffer) {
-  const AlignedBuffer& b = staging_.at(static_cast<size_t>(buffer));
-  p.host = at::from_blob(b.data(), {p.numel}, at::TensorOptions().dtype(p.dtype).device(at::kCPU));
-  p.staging = buffer;
-  p.host_valid = false;
-}
-
-void ChunkManager::DetachStaging(Payload& p) {
-  p.host = at::Tensor();
-  p.staging = -1;
-  p.host_valid = false;
-}
-
-void ChunkManager::WaitDisk(DiskStore::Ticket ticket) const {
-  absl::Status status = disk_->Wait(ticket);
-  if (!status.ok()) throw StatusException(std::move(status));
-}
-
-DiskStore::Ticket ChunkManager::StartLoad(Payload& p, int buffer) {
-  AttachStaging(p, buffer);
-  if (!p.disk_valid) return 0;
-  return disk_->Read(p.disk_file, p.host.data_ptr());
-}
-
-void ChunkManager::FinishLoad(Payload& p, DiskStore::Ticket ticket) {
-  if (p.disk_valid) {
-    WaitDisk(ticket);
-  } else {
-    // Never written: optimizer states before their first update.
-    HostAllocationScope host;
-    p.host.zero_();
-  }
-  p.host_valid = true;
-}
-
-DiskStore::Ticket ChunkManager::StartStore(Payload& p) {
-  p.disk_valid = false;
-  return disk_->Write(p.disk_file, p.host.data_ptr());
-}
-
-void ChunkManager::FinishStore(Payload& p, DiskStore::Ticket ticket) {
-  WaitDisk(ticket);
-  p.disk_valid = true;
-  DetachStaging(p);
-}
 
 bool ChunkManager::Preserve(const Payload& p) const {
   const Chunk& chunk = chunks_[static_cast<size_t>(p.chunk)];
@@ -499,9 +350,9 @@ void ChunkManager::Evict(Payload& p) {
   const bool saved = p.host_valid || (p.home == Tier::kDisk && p.disk_valid);
   if (p.device_valid && !saved && Preserve(p)) {
     if (p.home == Tier::kDisk) {
-      AttachStaging(p, 0);
+      store_.AttachStaging(p, 0);
     } else {
-      EnsureHost(p);
+      store_.EnsureHost(p);
     }
     const auto start = std::chrono::steady_clock::now();
     device_->CopyToHost(p.device, p.host);
@@ -509,9 +360,9 @@ void ChunkManager::Evict(Payload& p) {
     stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.device_to_host_bytes += p.bytes;
     p.host_valid = true;
-    if (p.home == Tier::kDisk) FinishStore(p, StartStore(p));
+    if (p.home == Tier::kDisk) store_.FinishStore(p, store_.StartStore(p));
   }
-  Release(p);
+  store_.Release(p);
 }
 
 void ChunkManager::Fetch(Payload& p, bool prefetch) {
@@ -523,7 +374,7 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
     }
     return;
   }
-  Materialize(p);
+  store_.Materialize(p);
   if (p.kind == PayloadKind::kGrad && !chunk.grad_started) {
     p.device.zero_();  // this step's gradients start here
     chunk.grad_started = true;
@@ -532,13 +383,13 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
     p.device.zero_();
   } else if (p.host_valid || (p.home == Tier::kDisk && p.disk_valid)) {
     const bool staged = !p.host_valid;
-    if (staged) FinishLoad(p, StartLoad(p, 0));
+    if (staged) store_.FinishLoad(p, store_.StartLoad(p, 0));
     const auto start = std::chrono::steady_clock::now();
     device_->CopyToDevice(p.host, p.device);
     if (staged) {
       // The staging buffer is reused at once: the copy must be done.
       device_->SynchronizeTransfers();
-      DetachStaging(p);
+      store_.DetachStaging(p);
     }
     stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.host_to_device_bytes += p.bytes;
@@ -603,7 +454,7 @@ void ChunkManager::MakeRoom(uint64_t bytes, int period, const std::vector<Payloa
   }
 }
 
-std::vector<ChunkManager::Payload*> ChunkManager::Needed(int period) {
+std::vector<Payload*> ChunkManager::Needed(int period) {
   std::vector<Payload*> needed;
   if (period == OptimizerPeriod()) {
     if (!plan_applied_) return needed;
@@ -815,13 +666,13 @@ void ChunkManager::CompleteReduce(Chunk& chunk) {
   grad_sq_sum_ += sq;
   if (plan_applied_ && chunk.device_homed()) return;
   // The optimizer states are on the host: so go the gradients.
-  EnsureHost(g);
+  store_.EnsureHost(g);
   const auto start = std::chrono::steady_clock::now();
   device_->CopyToHost(g.device, g.host);
   stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_.device_to_host_bytes += g.bytes;
   g.host_valid = true;
-  Release(g);
+  store_.Release(g);
 }
 
 at::Tensor ChunkManager::Recompute(int stage, const at::Tensor& input) {
@@ -1050,7 +901,7 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
   backward_started_.assign(stages_.size(), false);
   backward_done_.assign(stages_.size(), false);
   grad_sq_sum_ = 0;
-  if (disk_ != nullptr) disk_at_step_start_ = disk_->stats();
+  if (store_.disk() != nullptr) disk_at_step_start_ = store_.disk()->stats();
 }
 
 void ChunkManager::UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper) {
@@ -1091,7 +942,7 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
     for (Chunk& chunk : chunks_) {
       Payload& g = chunk.payloads[static_cast<int>(PayloadKind::kGrad)];
       g.host_valid = false;
-      Release(g);
+      store_.Release(g);
     }
   } else {
     result.grad_norm = std::sqrt(grad_sq_sum_) / loss_scale;
@@ -1120,13 +971,13 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
       Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
       if (o.home == Tier::kDisk && !(plan_applied_ && chunk.device_homed())) from_disk.push_back(&chunk);
     }
-    const size_t buffers = staging_.size();
+    const size_t buffers = static_cast<size_t>(store_.staging_count());
     std::vector<DiskStore::Ticket> reads(from_disk.size(), 0), writes(from_disk.size(), 0);
     auto states = [&](size_t k) -> Payload& {
       return from_disk[k]->payloads[static_cast<int>(PayloadKind::kOptimizer)];
     };
     auto start_read = [&](size_t k) {
-      if (k < from_disk.size()) reads[k] = StartLoad(states(k), static_cast<int>(k % buffers));
+      if (k < from_disk.size()) reads[k] = store_.StartLoad(states(k), static_cast<int>(k % buffers));
     };
     // Reads run ahead by buffers - 1 chunks: the last buffer is the one
     // being written behind.
@@ -1153,11 +1004,11 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
         }
         // The device copies are the only current ones: the host (and the
         // disk) no longer mirror them.
-        ReleaseHost(p);
-        ReleaseHost(o);
+        store_.ReleaseHost(p);
+        store_.ReleaseHost(o);
         o.disk_valid = false;
-        ReleaseHost(g);
-        Release(g);  // used up; the next backward starts it afresh
+        store_.ReleaseHost(g);
+        store_.Release(g);  // used up; the next backward starts it afresh
       } else {
         if (!p.host_valid || !g.host_valid) {
           throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
@@ -1166,10 +1017,10 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
         const size_t k = next_disk;
         if (on_disk) {
           const auto wait_start = std::chrono::steady_clock::now();
-          FinishLoad(o, reads[k]);
+          store_.FinishLoad(o, reads[k]);
           stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
         } else {
-          EnsureHost(o);
+          store_.EnsureHost(o);
           if (!chunk.optimizer_initialized) {
             HostAllocationScope host;
             o.host.zero_();
@@ -1180,12 +1031,12 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
         g.host_valid = false;
         p.device_valid = false;
         if (on_disk) {
-          writes[k] = StartStore(o);
+          writes[k] = store_.StartStore(o);
           ++next_disk;
           // Chunk k-1's buffer is the one chunk k+buffers-1 reads into.
           if (k >= 1) {
             const auto wait_start = std::chrono::steady_clock::now();
-            FinishStore(states(k - 1), writes[k - 1]);
+            store_.FinishStore(states(k - 1), writes[k - 1]);
             stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
           }
           start_read(k + buffers - 1);
@@ -1193,14 +1044,14 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
         if (p.pinned) {
           Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
         } else {
-          Release(p);
+          store_.Release(p);
         }
       }
       chunk.optimizer_initialized = true;
     }
     if (!from_disk.empty()) {
       const auto wait_start = std::chrono::steady_clock::now();
-      FinishStore(states(from_disk.size() - 1), writes.back());
+      store_.FinishStore(states(from_disk.size() - 1), writes.back());
       stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     }
   }
@@ -1219,17 +1070,17 @@ StepMemoryStats ChunkManager::EndStep() {
         on_device = true;
       }
       if (p.host.defined() && p.home == Tier::kHost) stats_.host_bytes[k] += p.bytes;
-      if (p.disk_file >= 0) stats_.disk_bytes[k] += disk_->file_bytes(p.disk_file);
+      if (p.disk_file >= 0) stats_.disk_bytes[k] += store_.disk()->file_bytes(p.disk_file);
     }
     on_device ? ++stats_.device_chunks : ++stats_.host_chunks;
     if (chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)].home == Tier::kDisk) ++stats_.disk_chunks;
   }
   // The staging buffers hold optimizer states on their way to and from disk.
-  for (const AlignedBuffer& b : staging_) stats_.host_bytes[static_cast<int>(PayloadKind::kOptimizer)] += b.size();
-  stats_.host_model_bytes = host_model_bytes_;
-  stats_.peak_host_model_bytes = peak_host_model_bytes_;
-  if (disk_ != nullptr) {
-    const DiskStats now = disk_->stats();
+  stats_.host_bytes[static_cast<int>(PayloadKind::kOptimizer)] += store_.staging_bytes();
+  stats_.host_model_bytes = store_.host_model_bytes();
+  stats_.peak_host_model_bytes = store_.peak_host_model_bytes();
+  if (store_.disk() != nullptr) {
+    const DiskStats now = store_.disk()->stats();
     stats_.disk_to_host_bytes = now.read_bytes - disk_at_step_start_.read_bytes;
     stats_.host_to_disk_bytes = now.write_bytes - disk_at_step_start_.write_bytes;
     stats_.disk_read_seconds = now.read_seconds - disk_at_step_start_.read_seconds;
@@ -1248,8 +1099,8 @@ PlacementReport ChunkManager::Placement() const {
   r.capacity_bytes = device_->capacity_bytes();
   r.limit_bytes = MakePlanInput().limit_bytes;
   r.host_budget_bytes = options_.host_budget_bytes;
-  r.disk_dir = disk_ != nullptr ? disk_->scratch_dir() : "";
-  r.disk_budget_bytes = disk_ != nullptr ? options_.disk_budget_bytes : 0;
+  r.disk_dir = store_.disk() != nullptr ? store_.disk()->scratch_dir() : "";
+  r.disk_budget_bytes = store_.disk() != nullptr ? options_.disk_budget_bytes : 0;
   r.planned_host_bytes = tier_plan_.host_bytes;
   r.planned_disk_bytes = tier_plan_.disk_bytes;
   r.planned_disk_read_bytes = tier_plan_.disk_read_bytes_per_step;
@@ -1284,7 +1135,7 @@ PlacementReport ChunkManager::Placement() const {
       pr.bytes = p.bytes;
       pr.device_bytes = p.resident ? p.bytes : 0;
       pr.host_bytes = p.host.defined() && p.home == Tier::kHost ? p.bytes : 0;
-      pr.disk_bytes = p.disk_file >= 0 ? disk_->file_bytes(p.disk_file) : 0;
+      pr.disk_bytes = p.disk_file >= 0 ? store_.disk()->file_bytes(p.disk_file) : 0;
       pr.home = TierName(p.home);
       pr.state = state;
       pr.chunk_class = chunk.chunk_class;
@@ -1314,18 +1165,6 @@ PlacementReport ChunkManager::Placement() const {
   return r;
 }
 
-void ChunkManager::WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const {
-  if (p.host_valid) return fn(p.host);
-  if (p.resident && p.device_valid) return fn(p.device);
-  if (p.home == Tier::kDisk && p.disk_valid) {
-    // Read into the first staging buffer, which is free between steps.
-    const AlignedBuffer& b = staging_.front();
-    WaitDisk(disk_->Read(p.disk_file, b.data()));
-    return fn(at::from_blob(b.data(), {p.numel}, at::TensorOptions().dtype(p.dtype).device(at::kCPU)));
-  }
-  throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": no current copy"));
-}
-
 std::vector<at::Tensor> ChunkManager::ParameterValues() const {
   HostAllocationScope host;
   device_->SynchronizeTransfers();
@@ -1335,7 +1174,7 @@ std::vector<at::Tensor> ChunkManager::ParameterValues() const {
     // The master: the parameter chunk in fp32, after the moments otherwise.
     const Payload& m = chunk.payloads[static_cast<int>(mixed() ? PayloadKind::kOptimizer : PayloadKind::kParam)];
     const int64_t base = mixed() ? 2 * chunk.capacity : 0;
-    WithCurrentCopy(m, [&](const at::Tensor& current) {
+    store_.WithCurrentCopy(m, [&](const at::Tensor& current) {
       values.push_back(current.narrow(0, base + t.offset, t.numel)
                            .to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
                            .view(t.param.sizes()));
@@ -1384,7 +1223,7 @@ std::string ChunkManager::SaveState() const {
       const Payload& p = chunk.payloads[static_cast<int>(kind)];
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
       AppendInt(&out, static_cast<int64_t>(p.bytes));
-      WithCurrentCopy(p, [&](const at::Tensor& copy) {
+      store_.WithCurrentCopy(p, [&](const at::Tensor& copy) {
         const at::Tensor current = copy.to(at::kCPU).contiguous();
         out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
       });
@@ -1418,7 +1257,7 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       Payload& p = chunk.payloads[static_cast<int>(kind)];
       if (kind == PayloadKind::kOptimizer && initialized == 0) {
-        if (p.resident) Release(p);
+        if (p.resident) store_.Release(p);
         p.host_valid = false;
         p.disk_valid = false;
         continue;
@@ -1428,16 +1267,16 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
           at + static_cast<size_t>(bytes) > state.size()) {
         return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
       }
-      if (p.resident) Release(p);
+      if (p.resident) store_.Release(p);
       if (p.home == Tier::kDisk) {
-        AttachStaging(p, 0);
+        store_.AttachStaging(p, 0);
       } else {
-        EnsureHost(p);
+        store_.EnsureHost(p);
       }
       std::memcpy(p.host.data_ptr(), state.data() + at, static_cast<size_t>(bytes));
       at += static_cast<size_t>(bytes);
       p.host_valid = true;
-      if (p.home == Tier::kDisk) FinishStore(p, StartStore(p));
+      if (p.home == Tier::kDisk) store_.FinishStore(p, store_.StartStore(p));
     }
     chunk.optimizer_initialized = initialized != 0;
   }

@@ -34,9 +34,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/memory/chunk_layout.h"
-#include "engine/memory/disk_store.h"
 #include "engine/memory/memory_device.h"
 #include "engine/memory/memory_options.h"
+#include "engine/memory/payload_store.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
 #include "engine/memory/tensor_state.h"
@@ -161,8 +161,8 @@ class ChunkManager {
   const ChunkLayout& layout() const { return layout_; }
   const TierPlan& tier_plan() const { return tier_plan_; }
   // Host memory held for model data now, and its peak since Create.
-  uint64_t host_model_bytes() const { return host_model_bytes_; }
-  uint64_t peak_host_model_bytes() const { return peak_host_model_bytes_; }
+  uint64_t host_model_bytes() const { return store_.host_model_bytes(); }
+  uint64_t peak_host_model_bytes() const { return store_.peak_host_model_bytes(); }
   bool warmup() const { return warmup_; }
 
   // Called by the backward hooks.
@@ -173,7 +173,6 @@ class ChunkManager {
   at::Tensor Recompute(int stage, const at::Tensor& input);
 
  private:
-  struct Payload;
   struct Chunk;
   struct ManagedTensor;
 
@@ -189,27 +188,6 @@ class ChunkManager {
   Payload& payload(int chunk, PayloadKind kind);
   const Payload& payload(int chunk, PayloadKind kind) const;
 
-  void Materialize(Payload& p);
-  void Release(Payload& p);
-  // A host-homed payload's host buffer, allocated within the host budget
-  // on first need and kept while it is needed; ReleaseHost gives it back.
-  void EnsureHost(Payload& p);
-  void ReleaseHost(Payload& p);
-  void AddHostBytes(int64_t bytes);
-  // A disk-homed payload's host side is a view of staging buffer `buffer`
-  // while it is loaded: LoadFromDisk makes it current there (from its file,
-  // or zeros if it never held values); StartStore writes it back and
-  // FinishStore waits for that and detaches it.
-  void AttachStaging(Payload& p, int buffer);
-  void DetachStaging(Payload& p);
-  DiskStore::Ticket StartLoad(Payload& p, int buffer);
-  void FinishLoad(Payload& p, DiskStore::Ticket ticket);
-  DiskStore::Ticket StartStore(Payload& p);
-  void FinishStore(Payload& p, DiskStore::Ticket ticket);
-  void WaitDisk(DiskStore::Ticket ticket) const;
-  // Calls fn with the payload's current values: its host copy, its device
-  // copy, or its disk file read into staging buffer 0.
-  void WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const;
   void Evict(Payload& p);
   // Makes the payload current on the device.
   void Fetch(Payload& p, bool prefetch);
@@ -247,10 +225,7 @@ class ChunkManager {
   PlanInput MakePlanInput() const;
 
   MemoryDevice* device_;
-  // Staging buffers for disk-homed payloads, then the store: the store goes
-  // first, waiting for its requests, before the buffers they use.
-  std::vector<AlignedBuffer> staging_;
-  std::unique_ptr<DiskStore> disk_;
+  PayloadStore store_;
   TierPlan tier_plan_;
   DiskStats disk_at_step_start_;
   SimdPath simd_;
@@ -292,8 +267,6 @@ class ChunkManager {
   };
   std::vector<PeriodMeasure> step_periods_;
   double grad_sq_sum_ = 0;
-  uint64_t host_model_bytes_ = 0;
-  uint64_t peak_host_model_bytes_ = 0;
   StepMemoryStats stats_;
 };
 
