@@ -198,6 +198,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   tiers.masters_with_optimizer = m->mixed();
   tiers.host_limit_bytes = options.host_budget_bytes;
   tiers.disk_limit_bytes = options.disk_dir.empty() ? 0 : options.disk_budget_bytes;
+  tiers.disk_dir = options.disk_dir;
   m->tier_plan_ = PlanTiers(tiers);
   if (!m->tier_plan_.feasible) return absl::ResourceExhaustedError(m->tier_plan_.problem);
   std::vector<Payload*> on_disk;

@@ -7,11 +7,25 @@
 namespace ferry {
 namespace {
 
-std::string Gib(uint64_t bytes) {
+std::string Size(uint64_t bytes) { return BytesText(bytes); }
+
+}  // namespace
+
+// In the largest binary unit that keeps the figure at least 1.
+std::string BytesText(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
+  std::snprintf(buf, sizeof buf, unit == 0 ? "%.0f %s" : "%.2f %s", value, kUnits[unit]);
   return buf;
 }
+
+namespace {
 
 // The host side's needs under `tiers`: steady (every chunk's parameters and
 // gradients, the optimizer states kept on the host, the staging buffers) and
@@ -118,27 +132,42 @@ TierPlan PlanTiers(const TierInput& in) {
     grads += in.grad_bytes[c];
     states += in.optimizer_bytes[c];
   }
-  std::string what = "memory: the model's data does not fit: " + Gib(params) + " of weights, " + Gib(grads) +
-                     " of gradients and " + Gib(states) + " of optimizer states";
+  std::string what = "memory: the model's data does not fit: " + Size(params) + " of weights, " + Size(grads) +
+                     " of gradients and " + Size(states) + " of optimizer states";
+  const std::string disk_limit =
+      in.disk_limit_is_free_space
+          ? Size(in.disk_limit_bytes) + " the disk tier may take (9/10 of the free space under " + in.disk_dir +
+                "; memory.disk_budget is unset)"
+          : Size(in.disk_limit_bytes) + " of memory.disk_budget";
   if (!host_fits(plan)) {
     int on_disk = 0;
     for (Tier t : plan.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
-    what += in.disk_limit_bytes > 0
-                ? "; even with the optimizer states of " + std::to_string(on_disk) + " of " +
-                      std::to_string(chunks) + " chunks on disk the host needs " + Gib(plan.host_bytes) + " (" +
-                      Gib(plan.host_steady_bytes - plan.staging_bytes) + " of weights and gradients, " +
-                      Gib(plan.staging_bytes) + " of disk staging buffers; " + Gib(plan.host_construction_bytes) +
-                      " while the model is built)"
-                : "; the host needs " + Gib(plan.host_bytes) + " and there is no disk tier";
-    what += ", more than the " + Gib(in.host_limit_bytes) +
-            " of memory.host_budget. Raise memory.host_budget, " +
-            (in.disk_limit_bytes > 0 ? std::string() : std::string("give the job a disk tier (memory.disk_budget), ")) +
-            "or choose a smaller model";
+    if (in.disk_limit_bytes > 0) {
+      what += "; even with the optimizer states of " + std::to_string(on_disk) + " of " + std::to_string(chunks) +
+              " chunks on disk the host needs " + Size(plan.host_bytes) + " (" +
+              Size(plan.host_steady_bytes - plan.staging_bytes) + " of weights, gradients and states kept, " +
+              Size(plan.staging_bytes) + " of disk staging buffers; " + Size(plan.host_construction_bytes) +
+              " while the model is built)";
+    } else if (!in.disk_dir.empty()) {
+      what += "; the host needs " + Size(plan.host_bytes) + " and the disk tier under " + in.disk_dir +
+              " has no room (" + (in.disk_limit_is_free_space ? "its file system is full" : "memory.disk_budget is 0") +
+              ")";
+    } else {
+      what += "; the host needs " + Size(plan.host_bytes) + " and there is no disk tier";
+    }
+    what += ", more than the " + Size(in.host_limit_bytes) + " of memory.host_budget. Raise memory.host_budget, ";
+    if (in.disk_dir.empty()) {
+      what += "give the job a disk tier (memory.disk_dir), ";
+    } else if (in.disk_limit_bytes == 0) {
+      what += "free space under " + in.disk_dir + " or choose another memory.disk_dir, ";
+    }
+    what += "or choose a smaller model";
   } else {
-    what += "; the disk tier needs " + Gib(plan.disk_bytes) + " for the optimizer states that do not fit " +
-            Gib(in.host_limit_bytes) + " of memory.host_budget, more than the " + Gib(in.disk_limit_bytes) +
-            " of memory.disk_budget. Raise memory.disk_budget (or free space under memory.disk_dir), raise "
-            "memory.host_budget, or choose a smaller model";
+    what += "; the disk tier needs " + Size(plan.disk_bytes) + " for the optimizer states that do not fit " +
+            Size(in.host_limit_bytes) + " of memory.host_budget, more than the " + disk_limit +
+            ". Raise memory.disk_budget or free space under memory.disk_dir" +
+            (in.disk_dir.empty() ? std::string() : " (" + in.disk_dir + ")") +
+            ", raise memory.host_budget, or choose a smaller model";
   }
   plan.problem = what;
   return plan;

@@ -31,6 +31,9 @@ const char* TierName(Tier tier);
 constexpr uint64_t kDiskAlignment = 4096;
 uint64_t AlignToDisk(uint64_t bytes);
 
+// Bytes for people: "768.00 KiB", "12.37 GiB".
+std::string BytesText(uint64_t bytes);
+
 // Staging buffers of the disk tier: while chunk i is updated, chunk i+1's
 // states are read into one and chunk i-1's written from another.
 constexpr int kDiskStagingBuffers = 3;
@@ -51,8 +54,12 @@ struct TierInput {
   bool masters_with_optimizer = false;
   // Host bytes for model data; 0: no limit.
   uint64_t host_limit_bytes = 0;
-  // Bytes the disk tier may hold; 0: no disk tier.
+  // Bytes the disk tier may hold (0: nothing goes to disk), its directory
+  // ("" when the job has no disk tier), and whether the limit is the default
+  // one taken from that directory's free space: for messages.
   uint64_t disk_limit_bytes = 0;
+  std::string disk_dir;
+  bool disk_limit_is_free_space = false;
 };
 
 struct TierPlan {

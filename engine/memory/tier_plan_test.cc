@@ -66,7 +66,7 @@ TEST(TierPlanTest, TheStagingBuffersAreWeighedAgainstTheStatesMoved) {
   // host (the three small ones on disk need 100 MiB while the model is
   // built, all four 24 + 3 x 36 MiB).
   EXPECT_EQ(plan.host_bytes, 96 * kMiB) << plan.problem;
-  EXPECT_NE(plan.problem.find("the host needs 0.09 GiB"), std::string::npos) << plan.problem;
+  EXPECT_NE(plan.problem.find("the host needs 96.00 MiB"), std::string::npos) << plan.problem;
 }
 
 TEST(TierPlanTest, ChunksOfEqualSizeMoveUntilTheHostFits) {
@@ -128,7 +128,7 @@ TEST(TierPlanTest, TooSmallADiskIsNamed) {
   TierPlan plan = PlanTiers(in);
   ASSERT_FALSE(plan.feasible);
   EXPECT_NE(plan.problem.find("memory.disk_budget"), std::string::npos) << plan.problem;
-  EXPECT_NE(plan.problem.find("the disk tier needs 0.07 GiB"), std::string::npos) << plan.problem;
+  EXPECT_NE(plan.problem.find("the disk tier needs 72.00 MiB"), std::string::npos) << plan.problem;
 }
 
 TEST(TierPlanTest, WithoutADiskTierTheHostLimitIsFinal) {

@@ -341,11 +341,11 @@ class ChunkedEngine : public StepEngine {
       int on_disk = 0;
       for (Tier t : tiers.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
       observer_->OnLog(LogLevel::kInfo,
-                       absl::StrFormat("memory: optimizer states of %d of %d chunks on disk (%.2f GiB in %s), "
-                                       "host side %.2f GiB of %.2f GiB",
-                                       on_disk, layout.chunk_count(), double(tiers.disk_bytes) / (1 << 30),
-                                       placement.disk_dir, double(tiers.host_bytes) / (1 << 30),
-                                       double(memory.host_budget_bytes) / (1 << 30)));
+                       absl::StrFormat("memory: optimizer states of %d of %d chunks on disk (%s in %s), "
+                                       "host side %s of %s",
+                                       on_disk, layout.chunk_count(), BytesText(tiers.disk_bytes),
+                                       placement.disk_dir, BytesText(tiers.host_bytes),
+                                       BytesText(memory.host_budget_bytes)));
     }
     return absl::OkStatus();
   }

@@ -335,6 +335,8 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, 
     return;
   }
   input->host_limit_bytes = RankHostBudgetBytes(spec, machine);
+  input->disk_dir = DiskTierBase(spec, machine);
+  input->disk_limit_is_free_space = m.disk_budget() == 0 && disk_free.has_value();
   if (disk_free.has_value()) {
     input->disk_limit_bytes = RankDiskBudgetBytes(spec, machine, *disk_free);
   } else if (!DiskTierBase(spec, machine).empty()) {

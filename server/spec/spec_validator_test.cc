@@ -266,7 +266,15 @@ TEST(SpecValidatorTest, TheDiskTierTakesTheOptimizerStatesHostMemoryCannotHold) 
   // The default budget is 9/10 of the free space: 10 GiB free is too little.
   s = ValidateSpec(Resolved(xl), MachineWithDisk(10ull << 30));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("more than the 9.00 GiB of memory.disk_budget"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("more than the 9.00 GiB the disk tier may take (9/10 of the free space under "),
+            std::string::npos)
+      << s;
+  // A full disk, with no budget of the job's own: named as full, not as no
+  // disk tier.
+  s = ValidateSpec(Resolved(xl), MachineWithDisk(0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("has no room (its file system is full)"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("there is no disk tier"), std::string::npos) << s;
   // A budget the file system cannot give.
   s = ValidateSpec(Resolved(std::string(kXlBf16) + "\nmemory: {host_budget: 12GiB, disk_budget: 100GiB}"),
                    MachineWithDisk(10ull << 30));

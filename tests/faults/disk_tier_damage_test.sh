@@ -50,7 +50,7 @@ damage_until_failed() {  # damage_until_failed ID flip|truncate: prints the dama
   done
   [ "$(get "$id" "int(d.get('progress', {}).get('bytes_disk_to_host', 0))")" -gt 0 ] \
     || fail "job $id read nothing from the disk in 60 s: $(get "$id" "d.get('progress')")"
-  dir="$(sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* GiB in \(.*\)), host side.*/\1/p' \
+  dir="$(sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' \
     "$STATE/jobs/$id/worker.log")"
   [ -d "$dir" ] || fail "no chunk directory for $id: '$dir'"
   file="$dir/$(ls "$dir" | sort -V | head -1)"

@@ -124,7 +124,7 @@ expect_refusal "failed precondition: memory.disk_budget: the disk tier needs 768
   -- submit "$WORK/tiny.yaml" --set=memory.disk_budget=4MiB
 # Without a budget the tier may take 9/10 of the free space: too little.
 expect_refusal "more than the " -- submit "$WORK/tiny.yaml"
-grep -q "memory.disk_budget (or free space under memory.disk_dir)" <<<"$out" || fail "the refusal does not say what to change: $out"
+grep -q "Raise memory.disk_budget or free space under memory.disk_dir" <<<"$out" || fail "the refusal does not say what to change: $out"
 [ -z "$(ls -A "$WORK/tiny")" ] || fail "a refused job left files: $(ls -A "$WORK/tiny")"
 
 # --- filled between submit and start ---

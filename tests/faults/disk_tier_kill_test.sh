@@ -42,7 +42,7 @@ start_daemon() {
 get() { "$FERRY" get "$1" -o json | json "$2"; }
 worker_pid() { pgrep -f -- "--spec=$STATE/jobs/$1/" || true; }
 # The scratch directory each run of job $1 used, in order, from its log.
-chunk_dirs() { sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* GiB in \(.*\)), host side.*/\1/p' "$STATE/jobs/$1/worker.log" 2>/dev/null; }
+chunk_dirs() { sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' "$STATE/jobs/$1/worker.log" 2>/dev/null; }
 wait_runs() {  # wait_runs ID N: until the Nth run of job ID has laid out its chunk files
   for _ in $(seq 1 1200); do [ "$(chunk_dirs "$1" | wc -l)" -ge "$2" ] && return 0; sleep 0.05; done
   fail "run $2 of $1 did not start in 60 s"
