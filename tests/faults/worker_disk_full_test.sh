@@ -122,7 +122,12 @@ ID="$("$FERRY" submit "$WORK/strict.yaml" --set=checkpoint.dir=$WORK/small4/ckpt
   | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['id'])")"
 set +e; "$FERRY" watch "$ID" >"$WORK/daemon-strict.out" 2>&1; rc=$?; set -e
 [ "$rc" -eq 1 ] || fail "watch of the on_error: fail job exited $rc, not 1"
-"$FERRY" get "$ID" -o json | grep -q '"state": "JOB_STATE_FAILED"' || fail "the on_error: fail job is not FAILED"
+# Read the whole answer before looking at it: under pipefail `ferry get |
+# grep -q` fails when grep exits at its match before ferry has written the
+# rest (ferry then dies of SIGPIPE), as it can once the JSON passes 4 KiB.
+GOT="$("$FERRY" get "$ID" -o json)" || fail "ferry get of the on_error: fail job failed"
+STATE="$(json "d['state']" <<<"$GOT")" || fail "ferry get -o json returned no job: $GOT"
+[ "$STATE" = JOB_STATE_FAILED ] || fail "the on_error: fail job is $STATE, not FAILED"
 "$FERRY" get "$ID" | grep -q "No space left on device (checkpoint.on_error: fail)" || fail "its error lacks the cause"
 "$FERRY" info >/dev/null || fail "ferryd stopped serving"
 kill -TERM "$DAEMON"; wait "$DAEMON" || fail "ferryd exited non-zero"
