@@ -48,9 +48,11 @@ inline double Median(std::vector<double> v) {
 }
 
 // `steps` steps of batch `batch` on synthetic data, AdamW with a short
-// warm-up; `memory` unset runs the plain LibTorch loop.
-inline std::unique_ptr<Trial> TrainOnSimulatedDevice(const GptConfig& model, int64_t steps, int64_t batch,
-                                                     uint64_t device_bytes, std::optional<MemoryOptions> memory) {
+// warm-up; `memory` unset runs the plain LibTorch loop (fp32 only: mixed
+// precision needs the chunked engine).
+inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
+    const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes, std::optional<MemoryOptions> memory,
+    TrainOptions::Precision precision = TrainOptions::Precision::kFp32) {
   auto trial = std::make_unique<Trial>();
   SimulatedDevice device(device_bytes);
   TrainOptions train;
@@ -59,6 +61,7 @@ inline std::unique_ptr<Trial> TrainOnSimulatedDevice(const GptConfig& model, int
   train.lr = 1e-3;
   train.min_lr = 1e-4;
   train.warmup_steps = 1;
+  train.precision = precision;
   EngineOptions engine;
   engine.device = &device;
   engine.memory = memory;
