@@ -30,8 +30,11 @@ constexpr size_t kAlignment = 64;
 // often a step allocates (recomputation allocates a block's activations
 // twice) and so distort timings. Blocks are matched by their size rounded up
 // to kCacheGranularity; at most kMaxCachedBytes are kept, and all are given
-// back when the device goes. The counters count what was asked for, as
-// before: caching changes no figure, only speed.
+// back when the device goes. Only device blocks are kept: host memory freed
+// (the model's values once they are in chunks, a host copy given back) goes
+// back to the system, so that the host budget bounds what the process holds.
+// The counters count what was asked for, as before: caching changes no
+// figure, only speed.
 constexpr size_t kCacheMinBytes = size_t{1} << 20;
 constexpr size_t kCacheGranularity = size_t{64} << 10;
 constexpr size_t kMaxCachedBytes = size_t{2} << 30;
@@ -103,7 +106,7 @@ void FreeAllocation(void* data) {
     (a->device ? a->counters->device_bytes : a->counters->host_bytes).fetch_sub(a->bytes);
   }
   const size_t backing = a->backing;
-  const bool cacheable = a->bytes >= kCacheMinBytes;
+  const bool cacheable = a->device && a->bytes >= kCacheMinBytes;
   a->~Allocation();
   if (!cacheable || !Cache().Give(a, backing)) std::free(a);
 }
@@ -137,7 +140,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       counters->host_bytes.fetch_add(bytes);
     }
     const size_t backing = BackingBytes(bytes);
-    void* base = bytes >= kCacheMinBytes ? Cache().Take(backing) : nullptr;
+    void* base = device && bytes >= kCacheMinBytes ? Cache().Take(backing) : nullptr;
     if (base == nullptr && posix_memalign(&base, kAlignment, backing) != 0) {
       if (device) counters->device_bytes.fetch_sub(bytes);
       else if (counters) counters->host_bytes.fetch_sub(bytes);

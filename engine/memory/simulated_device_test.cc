@@ -1,8 +1,12 @@
 #include "engine/memory/simulated_device.h"
 
-#include <gtest/gtest.h>
 #include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <optional>
+
+#include "engine/common/host_info.h"
 
 namespace ferry {
 namespace {
@@ -63,6 +67,25 @@ TEST(SimulatedDeviceTest, LargeBlocksAreReusedAndStillCounted) {
   torch::Tensor c = torch::empty({static_cast<int64_t>(2 * kMiB / 4) - 16});
   EXPECT_EQ(c.data_ptr(), first);
   EXPECT_EQ(device.allocated_bytes() - before, 2 * kMiB - 64);
+}
+
+// Host memory freed goes back to the system: only device blocks are kept,
+// so the model's values freed once they are in chunks do not stay resident.
+TEST(SimulatedDeviceTest, FreedHostBlocksAreNotKept) {
+  SimulatedDevice device(512 * kMiB);
+  constexpr int64_t kFloats = 128 * kMiB / 4;
+  auto resident_after = [&](bool host) {
+    const uint64_t before = ProcessResidentBytes();
+    {
+      std::optional<HostAllocationScope> scope;
+      if (host) scope.emplace();
+      torch::Tensor t = torch::empty({kFloats});
+      t.fill_(1.0f);  // every page touched
+    }
+    return static_cast<int64_t>(ProcessResidentBytes()) - static_cast<int64_t>(before);
+  };
+  EXPECT_LT(resident_after(/*host=*/true), static_cast<int64_t>(32 * kMiB)) << "128 MiB of host memory, freed";
+  EXPECT_GT(resident_after(/*host=*/false), static_cast<int64_t>(96 * kMiB)) << "128 MiB of device memory, kept";
 }
 
 TEST(SimulatedDeviceTest, GoingOverCapacityThrowsOutOfMemory) {
