@@ -24,20 +24,8 @@ RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
 SELF="$(readlink -f "$0")"
 
-if [ -z "${FERRY_DISK_FULL_INNER:-}" ]; then
-  probe() { "$@" /bin/sh -c 'd="$(mktemp -d)"; mount -t tmpfs -o size=1m tmpfs "$d" && umount "$d"; rmdir "$d"' 2>&1; }
-  why=""
-  for ns in "unshare --mount" "unshare --user --map-root-user --mount"; do
-    # shellcheck disable=SC2086
-    if out="$(probe $ns)"; then
-      # shellcheck disable=SC2086
-      exec env FERRY_DISK_FULL_INNER="$ns" $ns /bin/bash "$SELF"
-    fi
-    why="$why; $ns: ${out:-failed}"
-  done
-  echo "SKIP: cannot mount a small tmpfs here (needs a mount namespace)${why}"
-  exit 0
-fi
+source "$RUNFILES/tests/lib/mount_ns.sh"
+in_private_mounts "$SELF"
 
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/diskfull.XXXXXX")"
 WORK="$(cd "$WORK" && pwd -P)"
@@ -53,7 +41,7 @@ fail() {
 }
 cleanup() { [ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
-echo "in a private mount namespace: $FERRY_DISK_FULL_INNER"
+echo "in a private mount namespace: $FERRY_PRIVATE_MOUNTS"
 
 start_daemon() {
   STARTS=$((STARTS + 1))

@@ -16,20 +16,8 @@ source "$RUNFILES/tests/lib/ferryd.sh"
 WORKER="$RUNFILES/server/ferry-worker"
 SELF="$(readlink -f "$0")"
 
-if [ -z "${FERRY_DISK_FULL_INNER:-}" ]; then
-  probe() { "$@" /bin/sh -c 'd="$(mktemp -d)"; mount -t tmpfs -o size=1m tmpfs "$d" && umount "$d"; rmdir "$d"' 2>&1; }
-  why=""
-  for ns in "unshare --mount" "unshare --user --map-root-user --mount"; do
-    # shellcheck disable=SC2086
-    if out="$(probe $ns)"; then
-      # shellcheck disable=SC2086
-      exec env FERRY_DISK_FULL_INNER="$ns" $ns /bin/bash "$SELF"
-    fi
-    why="$why; $ns: ${out:-failed}"
-  done
-  echo "SKIP: cannot mount a small tmpfs here (needs a mount namespace)${why}"
-  exit 0
-fi
+source "$RUNFILES/tests/lib/mount_ns.sh"
+in_private_mounts "$SELF"
 
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/diskfull.XXXXXX")"
 fail() { echo "FAIL: $*" >&2; for f in "$WORK"/*.out; do echo "--- $f" >&2; grep -v '^step' "$f" | tail -8 >&2; done; exit 1; }
@@ -48,7 +36,7 @@ small_fs() {  # small_fs DIR: a 2 MiB tmpfs at DIR
   mount -t tmpfs -o size=2m tmpfs "$1" || fail "cannot mount a tmpfs at $1"
 }
 
-echo "in a private mount namespace: $FERRY_DISK_FULL_INNER"
+echo "in a private mount namespace: $FERRY_PRIVATE_MOUNTS"
 job "$WORK/calm.yaml" "$WORK/calm-ckpt"
 "$WORKER" --spec="$WORK/calm.yaml" >"$WORK/calm.out" 2>&1 || fail "the undisturbed run failed"
 CALM="$(sed -n 's/^final loss //p' "$WORK/calm.out")"
