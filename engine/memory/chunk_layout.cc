@@ -85,4 +85,9 @@ absl::StatusOr<ChunkLayout> SearchChunkLayout(const std::vector<int64_t>& numels
   return pack(high);
 }
 
+absl::StatusOr<ChunkLayout> ChooseChunkLayout(const std::vector<int64_t>& numels, const std::vector<int>& groups,
+                                              int64_t chunk_elements, const ChunkSearchOptions& search) {
+  return chunk_elements > 0 ? PackTensors(numels, groups, chunk_elements) : SearchChunkLayout(numels, groups, search);
+}
+
 }  // namespace ferry

@@ -63,4 +63,10 @@ absl::StatusOr<ChunkLayout> SearchChunkLayout(const std::vector<int64_t>& numels
                                               const std::vector<int>& groups,
                                               const ChunkSearchOptions& options = {});
 
+// The layout a run uses: PackTensors with `chunk_elements` when it is set
+// (> 0), else SearchChunkLayout with `search`. The chunk manager lays out its
+// chunks with it, and the daemon's submit check with the same arguments.
+absl::StatusOr<ChunkLayout> ChooseChunkLayout(const std::vector<int64_t>& numels, const std::vector<int>& groups,
+                                              int64_t chunk_elements, const ChunkSearchOptions& search);
+
 }  // namespace ferry

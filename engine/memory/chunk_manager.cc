@@ -153,15 +153,10 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       if (i >= 0 && i < static_cast<int>(params.size())) groups[static_cast<size_t>(i)] = static_cast<int>(s);
     }
   }
-  absl::StatusOr<ChunkLayout> layout;
-  if (options.chunk_elements > 0) {
-    layout = PackTensors(numels, groups, options.chunk_elements);
-  } else {
-    ChunkSearchOptions search;
-    search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : 1024;
-    search.max_chunks = options.max_chunks;
-    layout = SearchChunkLayout(numels, groups, search);
-  }
+  ChunkSearchOptions search;
+  search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : 1024;
+  search.max_chunks = options.max_chunks;
+  absl::StatusOr<ChunkLayout> layout = ChooseChunkLayout(numels, groups, options.chunk_elements, search);
   if (!layout.ok()) return layout.status();
   m->layout_ = *std::move(layout);
   m->stages_ = std::move(stages);

@@ -550,15 +550,10 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   // As the trainer asks the chunk manager: chunk_size, or a search over
   // multiples of the hidden size.
   const MemoryOptions options = ToMemoryOptions(spec.memory());
-  absl::StatusOr<ChunkLayout> layout;
-  if (options.chunk_elements > 0) {
-    layout = PackTensors(numels, groups, options.chunk_elements);
-  } else {
-    ChunkSearchOptions search;
-    search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : config.hidden;
-    search.max_chunks = options.max_chunks;
-    layout = SearchChunkLayout(numels, groups, search);
-  }
+  ChunkSearchOptions search;
+  search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : config.hidden;
+  search.max_chunks = options.max_chunks;
+  absl::StatusOr<ChunkLayout> layout = ChooseChunkLayout(numels, groups, options.chunk_elements, search);
   if (!layout.ok()) return layout.status();
   // fp32: 4 bytes of weights and of gradients and 8 of AdamW moments an
   // element; mixed precision: 2, 2, and 12 (the moments and fp32 masters).
