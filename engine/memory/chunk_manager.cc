@@ -345,18 +345,14 @@ void ChunkManager::Evict(Payload& p) {
   if (!p.resident) return;
   const bool saved = p.host_valid || (p.home == Tier::kDisk && p.disk_valid);
   if (p.device_valid && !saved && Preserve(p)) {
-    if (p.home == Tier::kDisk) {
-      store_.AttachStaging(p, 0);
-    } else {
-      store_.EnsureHost(p);
-    }
+    store_.HostBuffer(p);
     const auto start = std::chrono::steady_clock::now();
     device_->CopyToHost(p.device, p.host);
     if (p.home == Tier::kDisk) device_->SynchronizeTransfers();  // before the write reads it
     stats_.transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.device_to_host_bytes += p.bytes;
     p.host_valid = true;
-    if (p.home == Tier::kDisk) store_.FinishStore(p, store_.StartStore(p));
+    store_.WriteHome(p);
   }
   store_.Release(p);
 }
@@ -379,7 +375,7 @@ void ChunkManager::Fetch(Payload& p, bool prefetch) {
     p.device.zero_();
   } else if (p.host_valid || (p.home == Tier::kDisk && p.disk_valid)) {
     const bool staged = !p.host_valid;
-    if (staged) store_.FinishLoad(p, store_.StartLoad(p, 0));
+    if (staged) store_.LoadHome(p);
     const auto start = std::chrono::steady_clock::now();
     device_->CopyToDevice(p.host, p.device);
     if (staged) {
@@ -1012,9 +1008,7 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
         const bool on_disk = o.home == Tier::kDisk;
         const size_t k = next_disk;
         if (on_disk) {
-          const auto wait_start = std::chrono::steady_clock::now();
           store_.FinishLoad(o, reads[k]);
-          stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
         } else {
           store_.EnsureHost(o);
           if (!chunk.optimizer_initialized) {
@@ -1030,11 +1024,7 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
           writes[k] = store_.StartStore(o);
           ++next_disk;
           // Chunk k-1's buffer is the one chunk k+buffers-1 reads into.
-          if (k >= 1) {
-            const auto wait_start = std::chrono::steady_clock::now();
-            store_.FinishStore(states(k - 1), writes[k - 1]);
-            stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
-          }
+          if (k >= 1) store_.FinishStore(states(k - 1), writes[k - 1]);
           start_read(k + buffers - 1);
         }
         if (p.pinned) {
@@ -1045,11 +1035,7 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
       }
       chunk.optimizer_initialized = true;
     }
-    if (!from_disk.empty()) {
-      const auto wait_start = std::chrono::steady_clock::now();
-      store_.FinishStore(states(from_disk.size() - 1), writes.back());
-      stats_.disk_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
-    }
+    if (!from_disk.empty()) store_.FinishStore(states(from_disk.size() - 1), writes.back());
   }
   for (ManagedTensor& t : tensors_) t.state = Transition(t.name, t.state, TensorState::kHold);
   EndPeriod(period);
@@ -1081,6 +1067,7 @@ StepMemoryStats ChunkManager::EndStep() {
     stats_.host_to_disk_bytes = now.write_bytes - disk_at_step_start_.write_bytes;
     stats_.disk_read_seconds = now.read_seconds - disk_at_step_start_.read_seconds;
     stats_.disk_write_seconds = now.write_seconds - disk_at_step_start_.write_seconds;
+    stats_.disk_wait_seconds = now.wait_seconds - disk_at_step_start_.wait_seconds;
   }
   warmup_ = false;
   for (auto& fn : stage_fns_) fn = nullptr;
@@ -1095,7 +1082,7 @@ PlacementReport ChunkManager::Placement() const {
   r.capacity_bytes = device_->capacity_bytes();
   r.limit_bytes = MakePlanInput().limit_bytes;
   r.host_budget_bytes = options_.host_budget_bytes;
-  r.disk_dir = store_.disk() != nullptr ? store_.disk()->scratch_dir() : "";
+  r.disk_dir = disk_dir();
   r.disk_budget_bytes = store_.disk() != nullptr ? options_.disk_budget_bytes : 0;
   r.planned_host_bytes = tier_plan_.host_bytes;
   r.planned_disk_bytes = tier_plan_.disk_bytes;
@@ -1264,15 +1251,11 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
         return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
       }
       if (p.resident) store_.Release(p);
-      if (p.home == Tier::kDisk) {
-        store_.AttachStaging(p, 0);
-      } else {
-        store_.EnsureHost(p);
-      }
+      store_.HostBuffer(p);
       std::memcpy(p.host.data_ptr(), state.data() + at, static_cast<size_t>(bytes));
       at += static_cast<size_t>(bytes);
       p.host_valid = true;
-      if (p.home == Tier::kDisk) store_.FinishStore(p, store_.StartStore(p));
+      store_.WriteHome(p);
     }
     chunk.optimizer_initialized = initialized != 0;
   }

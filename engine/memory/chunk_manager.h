@@ -160,6 +160,8 @@ class ChunkManager {
 
   const ChunkLayout& layout() const { return layout_; }
   const TierPlan& tier_plan() const { return tier_plan_; }
+  // The disk tier's scratch directory; empty when nothing is on disk.
+  std::string disk_dir() const { return store_.disk() != nullptr ? store_.disk()->scratch_dir() : std::string(); }
   // Host memory held for model data now, and its peak since Create.
   uint64_t host_model_bytes() const { return store_.host_model_bytes(); }
   uint64_t peak_host_model_bytes() const { return store_.peak_host_model_bytes(); }

@@ -154,6 +154,18 @@ void PayloadStore::FinishStore(Payload& p, DiskStore::Ticket ticket) {
   DetachStaging(p);
 }
 
+void PayloadStore::HostBuffer(Payload& p) {
+  if (p.home == Tier::kDisk) {
+    AttachStaging(p, 0);
+  } else {
+    EnsureHost(p);
+  }
+}
+
+void PayloadStore::WriteHome(Payload& p) {
+  if (p.home == Tier::kDisk) FinishStore(p, StartStore(p));
+}
+
 void PayloadStore::WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const {
   if (p.host_valid) return fn(p.host);
   if (p.resident && p.device_valid) return fn(p.device);

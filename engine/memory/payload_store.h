@@ -102,6 +102,16 @@ class PayloadStore {
   DiskStore::Ticket StartStore(Payload& p);
   void FinishStore(Payload& p, DiskStore::Ticket ticket);
 
+  // Outside the update's pipeline, where staging buffer 0 is free: a host
+  // buffer for the payload's values (its own, or for a disk-homed payload
+  // that staging buffer); its values read from its file into it (LoadHome,
+  // waiting); and its host values made its home's (WriteHome: for a
+  // disk-homed payload, written to its file, waited for and detached; for a
+  // host-homed one the host copy is its home, so nothing).
+  void HostBuffer(Payload& p);
+  void LoadHome(Payload& p) { FinishLoad(p, StartLoad(p, 0)); }
+  void WriteHome(Payload& p);
+
   // Calls fn with the payload's current values: its host copy, its device
   // copy, or its disk file read into staging buffer 0 (free between steps).
   void WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const;
