@@ -22,12 +22,7 @@ trap cleanup EXIT
 
 start_daemon() {
   STARTS=$((STARTS + 1))
-  rm -f "$WORK/ready.json"
-  "$FERRYD" --state_dir="$STATE" --listen=127.0.0.1:0 --metrics_listen= --ready_file="$WORK/ready.json" \
-    >"$WORK/ferryd.$STARTS.log" 2>&1 &
-  DAEMON=$!
-  wait_ready "$DAEMON" "$WORK/ready.json"
-  export FERRY_ADDRESS="$READY_ADDRESS"
+  start_ferryd "$WORK/ferryd.$STARTS.log" --state_dir="$STATE"
 }
 kill_daemon() {
   kill -9 "$DAEMON"; wait "$DAEMON" 2>/dev/null || true; DAEMON=""
@@ -41,7 +36,6 @@ no_workers_left() {
   for _ in $(seq 1 50); do pgrep -f -- "--spec=$STATE/jobs/" >/dev/null || return 0; sleep 0.1; done
   fail "a worker outlived its daemon: $(pgrep -af -- "--spec=$STATE/jobs/")"
 }
-get() { "$FERRY" get "$1" -o json | json "$2"; }
 
 cat >"$WORK/job.yaml" <<'YAML'
 model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32, dropout: 0.1}
@@ -51,9 +45,9 @@ YAML
 
 # --- kill -9 of the daemon mid-training ---
 start_daemon
-CALM="$("$FERRY" submit "$WORK/job.yaml" --set=checkpoint.dir=$WORK/calm,checkpoint.every_steps=50 -o json | json "d['id']")"
-HIT="$("$FERRY" submit "$WORK/job.yaml" --set=checkpoint.dir=$WORK/hit,checkpoint.every_steps=50 -o json | json "d['id']")"
-QUEUED="$("$FERRY" submit "$WORK/job.yaml" --set=train.steps=20 -o json | json "d['id']")"
+CALM="$(submit "$WORK/job.yaml" --set=checkpoint.dir=$WORK/calm,checkpoint.every_steps=50)"
+HIT="$(submit "$WORK/job.yaml" --set=checkpoint.dir=$WORK/hit,checkpoint.every_steps=50)"
+QUEUED="$(submit "$WORK/job.yaml" --set=train.steps=20)"
 "$FERRY" watch "$CALM" >/dev/null 2>&1 || fail "the undisturbed job failed"
 for _ in $(seq 1 600); do
   [ "$(get "$HIT" "d.get('last_checkpoint', {}).get('step', 0)")" -ge 100 ] && break

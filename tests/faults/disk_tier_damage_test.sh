@@ -24,14 +24,9 @@ fail() {
   exit 1
 }
 
-"$FERRYD" --state_dir="$STATE" --listen=127.0.0.1:0 --metrics_listen= --allowed_roots="$WORK" \
-  --ready_file="$WORK/ready.json" >"$WORK/ferryd.log" 2>&1 &
-DAEMON=$!
-trap 'kill -9 $DAEMON 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-wait_ready "$DAEMON" "$WORK/ready.json"
-export FERRY_ADDRESS="$READY_ADDRESS"
-get() { "$FERRY" get "$1" -o json | json "$2"; }
-submit() { "$FERRY" submit "$@" -o json | json "d['id']"; }
+DAEMON=""
+trap '[ -n "$DAEMON" ] && kill -9 $DAEMON 2>/dev/null; wait 2>/dev/null || true' EXIT
+start_ferryd "$WORK/ferryd.log" --state_dir="$STATE" --allowed_roots="$WORK"
 
 # 8 of 21 chunks keep their optimizer states on disk; every step reads and
 # writes them all. More steps than the test needs.

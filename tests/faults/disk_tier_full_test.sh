@@ -45,15 +45,8 @@ echo "in a private mount namespace: $FERRY_PRIVATE_MOUNTS"
 
 start_daemon() {
   STARTS=$((STARTS + 1))
-  rm -f "$WORK/ready.json"
-  "$FERRYD" --state_dir="$STATE" --listen=127.0.0.1:0 --metrics_listen= --allowed_roots="$WORK" \
-    --ready_file="$WORK/ready.json" >"$WORK/ferryd.$STARTS.log" 2>&1 &
-  DAEMON=$!
-  wait_ready "$DAEMON" "$WORK/ready.json"
-  export FERRY_ADDRESS="$READY_ADDRESS"
+  start_ferryd "$WORK/ferryd.$STARTS.log" --state_dir="$STATE" --allowed_roots="$WORK"
 }
-get() { "$FERRY" get "$1" -o json | json "$2"; }
-submit() { "$FERRY" submit "$@" -o json | json "d['id']"; }
 wait_state() {  # wait_state ID STATE
   for _ in $(seq 1 1200); do [ "$(get "$1" "d['state']")" = "$2" ] && return 0; sleep 0.05; done
   fail "job $1 is $(get "$1" "d['state']"), not $2, after 60 s"

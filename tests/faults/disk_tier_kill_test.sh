@@ -32,14 +32,8 @@ command -v strace >/dev/null || fail "strace is missing (tools/install_deps.sh i
 
 start_daemon() {
   STARTS=$((STARTS + 1))
-  rm -f "$WORK/ready.json"
-  "$FERRYD" --state_dir="$STATE" --listen=127.0.0.1:0 --metrics_listen= --allowed_roots="$WORK" \
-    --ready_file="$WORK/ready.json" >"$WORK/ferryd.$STARTS.log" 2>&1 &
-  DAEMON=$!
-  wait_ready "$DAEMON" "$WORK/ready.json"
-  export FERRY_ADDRESS="$READY_ADDRESS"
+  start_ferryd "$WORK/ferryd.$STARTS.log" --state_dir="$STATE" --allowed_roots="$WORK"
 }
-get() { "$FERRY" get "$1" -o json | json "$2"; }
 worker_pid() { pgrep -f -- "--spec=$STATE/jobs/$1/" || true; }
 # The scratch directory each run of job $1 used, in order, from its log.
 chunk_dirs() { sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' "$STATE/jobs/$1/worker.log" 2>/dev/null; }

@@ -24,3 +24,21 @@ wait_ready() {
   READY_ADDRESS="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'])" "$file")"
   READY_METRICS="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('metrics_listen', ''))" "$file")"
 }
+
+# start_ferryd LOG ARG...: starts ferryd on a free loopback port without
+# metrics, with ARGs (--state_dir and whatever else), logging to LOG, and
+# waits until it serves: DAEMON is its pid, FERRY_ADDRESS its address.
+start_ferryd() {
+  local log="$1" ready
+  shift
+  ready="$(mktemp -u "${TEST_TMPDIR:-/tmp}/ready.XXXXXX")"
+  "$FERRYD" --listen=127.0.0.1:0 --metrics_listen= --ready_file="$ready" "$@" >"$log" 2>&1 &
+  DAEMON=$!
+  wait_ready "$DAEMON" "$ready"
+  export FERRY_ADDRESS="$READY_ADDRESS"
+}
+
+# get ID EXPR: EXPR (see json) on job ID as `ferry get -o json` shows it.
+get() { "$FERRY" get "$1" -o json | json "$2"; }
+# submit ARG...: `ferry submit ARG...`; prints the new job's id.
+submit() { "$FERRY" submit "$@" -o json | json "d['id']"; }
