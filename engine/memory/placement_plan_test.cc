@@ -87,7 +87,9 @@ TEST(PlacementPlanTest, AutoNeverPlansMoreTrafficThanStaticWhereStaticFits) {
       ASSERT_TRUE(automatic.feasible) << limit;
       EXPECT_LE(automatic.traffic_bytes, zero_offload.traffic_bytes) << limit;
     }
-    if (automatic.feasible) EXPECT_LE(automatic.need_bytes[automatic.binding_period], limit);
+    if (automatic.feasible) {
+      EXPECT_LE(automatic.need_bytes[automatic.binding_period], limit);
+    }
   }
 }
 

@@ -139,7 +139,8 @@ grpc::Status FerryService::WatchJob(grpc::ServerContext* context,
   for (;;) {
     if (context->IsCancelled()) return grpc::Status::CANCELLED;
     batch.clear();
-    if (absl::Status s = events.ReadAfter(cursor, kWatchBatch, &batch); !s.ok()) {
+    bool ended = false;
+    if (absl::Status s = events.ReadAfter(cursor, kWatchBatch, &batch, &ended); !s.ok()) {
       return ToGrpcStatus(s);
     }
     for (const ferry::v1::JobEvent& event : batch) {
@@ -147,8 +148,8 @@ grpc::Status FerryService::WatchJob(grpc::ServerContext* context,
       cursor = event.seq();
       last_write = absl::Now();
     }
+    if (ended) return grpc::Status::OK;  // the job has ended; all sent
     if (!batch.empty()) continue;
-    if (events.closed()) return grpc::Status::OK;  // the job has ended; all sent
     if (shutting_down_.load()) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("the daemon is shutting down; watch again with after_seq=",

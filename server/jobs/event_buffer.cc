@@ -32,9 +32,10 @@ void EventBuffer::Shrink(size_t capacity) {
   while (events_.size() > capacity_) events_.pop_front();
 }
 
-absl::Status EventBuffer::ReadAfter(uint64_t after_seq, size_t max_events,
-                                    std::vector<ferry::v1::JobEvent>* out) const {
+absl::Status EventBuffer::ReadAfter(uint64_t after_seq, size_t max_events, std::vector<ferry::v1::JobEvent>* out,
+                                    bool* ended) const {
   absl::MutexLock lock(&mu_);
+  if (ended != nullptr) *ended = false;
   const uint64_t first = last_seq_ - events_.size() + 1;
   if (after_seq + 1 < first) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -42,9 +43,11 @@ absl::Status EventBuffer::ReadAfter(uint64_t after_seq, size_t max_events,
         " were dropped from the job's event buffer (it keeps the newest ", capacity_,
         "); watch again with after_seq=0 to start from a fresh snapshot"));
   }
-  for (uint64_t seq = after_seq + 1; seq <= last_seq_ && max_events > 0; ++seq, --max_events) {
+  uint64_t seq = after_seq + 1;
+  for (; seq <= last_seq_ && max_events > 0; ++seq, --max_events) {
     out->push_back(events_[seq - first]);
   }
+  if (ended != nullptr) *ended = closed_ && seq > last_seq_;
   return absl::OkStatus();
 }
 

@@ -37,8 +37,12 @@ class EventBuffer {
 
   // Appends to `out` the events with seq > after_seq, oldest first, at most
   // `max_events`. OUT_OF_RANGE if some of them have already been dropped.
-  absl::Status ReadAfter(uint64_t after_seq, size_t max_events,
-                         std::vector<ferry::v1::JobEvent>* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // If `ended` is given it is set, under the same lock, to whether the
+  // buffer is closed and `out` now reaches its last event: a reader that
+  // checked closed() separately could miss an event appended just before
+  // Close().
+  absl::Status ReadAfter(uint64_t after_seq, size_t max_events, std::vector<ferry::v1::JobEvent>* out,
+                         bool* ended = nullptr) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits up to `timeout` for an event with seq > after_seq or for Close().
   // True if such an event exists.

@@ -50,6 +50,46 @@ TEST(EventBufferTest, OverflowDropsTheOldestAndReadersLearnOfIt) {
   EXPECT_TRUE(out.empty());
 }
 
+TEST(EventBufferTest, EndedOnlyOnceTheReadReachesTheLastEventOfAClosedBuffer) {
+  EventBuffer buffer(10);
+  buffer.Append(Log("a"));
+  buffer.Append(Log("b"));
+  std::vector<ferry::v1::JobEvent> out;
+  bool ended = true;
+  ASSERT_TRUE(buffer.ReadAfter(0, 10, &out, &ended).ok());
+  EXPECT_FALSE(ended) << "open";
+  buffer.Append(Log("end"));
+  buffer.Close();
+  out.clear();
+  ASSERT_TRUE(buffer.ReadAfter(2, 0, &out, &ended).ok());
+  EXPECT_FALSE(ended) << "closed, but the last event is not read yet";
+  ASSERT_TRUE(buffer.ReadAfter(2, 10, &out, &ended).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(ended);
+}
+
+// A reader that stops on `ended` never misses the events appended just
+// before Close(), however the two threads interleave.
+TEST(EventBufferTest, AReaderStoppingOnEndedSeesEveryEventBeforeClose) {
+  for (int trial = 0; trial < 200; ++trial) {
+    EventBuffer buffer(100);
+    std::thread writer([&] {
+      for (int i = 0; i < 20; ++i) buffer.Append(Log(std::to_string(i)));
+      buffer.Close();
+    });
+    uint64_t cursor = 0;
+    size_t seen = 0;
+    for (bool ended = false; !ended;) {
+      std::vector<ferry::v1::JobEvent> out;
+      ASSERT_TRUE(buffer.ReadAfter(cursor, 3, &out, &ended).ok());
+      for (const auto& e : out) cursor = e.seq();
+      seen += out.size();
+    }
+    writer.join();
+    ASSERT_EQ(seen, 20u) << "trial " << trial;
+  }
+}
+
 TEST(EventBufferTest, ShrinkKeepsTheNewest) {
   EventBuffer buffer(10);
   for (int i = 0; i < 8; ++i) buffer.Append(Log(std::to_string(i)));
