@@ -36,14 +36,25 @@ absl::Status AsyncCheckpointWriter::Submit(CheckpointContents contents, double s
     busy_ = true;
     ++submitted_;
   }
-  thread_ = std::thread([this, blocked, contents = std::move(contents)]() {
+  // Produced files may read live training state: such a write is done
+  // before Submit returns, and the whole of it held the caller up.
+  const bool produced = !contents.produced.empty();
+  thread_ = std::thread([this, blocked, produced, contents = std::move(contents)]() mutable {
     const Clock::time_point start = Clock::now();
     CheckpointWriteResult result;
     result.step = contents.step;
     for (const auto& [name, bytes] : contents.files) result.bytes += bytes.size();
+    for (auto& [name, produce] : contents.produced) {
+      produce = [inner = std::move(produce), &result](const ByteSink& sink) {
+        return inner([&](const void* data, size_t size) {
+          result.bytes += size;
+          return sink(data, size);
+        });
+      };
+    }
     result.status = write_(contents);
-    result.blocked_seconds = blocked;
     result.total_seconds = blocked + SecondsSince(start);
+    result.blocked_seconds = produced ? result.total_seconds : blocked;
     if (on_done_) on_done_(result);
     absl::MutexLock lock(&mu_);
     if (!result.status.ok()) {
@@ -52,6 +63,7 @@ absl::Status AsyncCheckpointWriter::Submit(CheckpointContents contents, double s
     }
     busy_ = false;
   });
+  if (produced) thread_.join();
   return previous;
 }
 

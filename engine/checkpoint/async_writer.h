@@ -54,7 +54,9 @@ class AsyncCheckpointWriter {
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
 
   // Waits for the write in flight, then starts writing `contents` in the
-  // background and returns. `snapshot_seconds`: what taking the snapshot
+  // background and returns; with produced files (which may read live
+  // training state) it returns once the write is done, its error left for
+  // the next Submit or Wait like any other. `snapshot_seconds`: what taking the snapshot
   // cost the caller, for the result's blocked and total times. Returns OK,
   // or the first error of an earlier write that neither Submit nor Wait has
   // returned yet (this write is started all the same).

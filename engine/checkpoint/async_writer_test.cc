@@ -65,6 +65,29 @@ TEST(AsyncCheckpointWriterTest, WritesCompleteOnDiskInTheBackground) {
   }
 }
 
+// Produced files read live state: Submit returns once they are written,
+// and the whole write counts as time the caller was held up.
+TEST(AsyncCheckpointWriterTest, AWriteWithProducedFilesIsDoneWhenSubmitReturns) {
+  const std::string root = testing::EmptyTestPath("async_produced");
+  Results results;
+  AsyncCheckpointWriter writer([&](const CheckpointContents& c) { return WriteCheckpoint(root, c, 2); },
+                               [&](const CheckpointWriteResult& r) { results.Add(r); });
+  std::string live = "state at step 5";
+  CheckpointContents c = At(5);
+  c.produced["rank0.live"] = [&live](const ByteSink& sink) { return sink(live.data(), live.size()); };
+  ASSERT_TRUE(writer.Submit(std::move(c), 0.5).ok());
+  EXPECT_FALSE(writer.Busy());
+  live = "changed after Submit returned";
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.files.at("rank0.live"), "state at step 5");
+  const std::vector<CheckpointWriteResult> r = results.Get();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].bytes, At(5).files.at("rank0.chunks").size() + 15) << "produced bytes counted";
+  EXPECT_EQ(r[0].blocked_seconds, r[0].total_seconds);
+  EXPECT_GE(r[0].blocked_seconds, 0.5);
+}
+
 TEST(AsyncCheckpointWriterTest, WritesOneAtATimeInOrder) {
   std::atomic<int> active{0}, most{0};
   std::vector<int64_t> order;  // written by one write at a time

@@ -28,16 +28,25 @@ absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::InternalError(absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
 }
 
-uint32_t Crc32(const std::string& data) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  size_t done = 0;
-  while (done < data.size()) {
-    const uInt n = static_cast<uInt>(std::min<size_t>(data.size() - done, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data.data() + done), n);
-    done += n;
+uLong CrcUpdate(uLong crc, const void* data, size_t size) {
+  const Bytef* bytes = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = crc32(crc, bytes, n);
+    bytes += n;
+    size -= n;
   }
-  return static_cast<uint32_t>(crc);
+  return crc;
 }
+
+uint32_t Crc32(const std::string& data) {
+  return static_cast<uint32_t>(CrcUpdate(crc32(0L, Z_NULL, 0), data.data(), data.size()));
+}
+
+// A produced file is synced and dropped from the page cache every this many
+// bytes, so that writing a model's worth of state does not fill the host's
+// memory with dirty pages.
+constexpr uint64_t kSyncEveryBytes = 256ull << 20;
 
 // A file name a checkpoint may hold: a plain name inside its directory,
 // not the directory itself, its parent or the manifest.
@@ -72,6 +81,43 @@ absl::Status WriteSynced(int dir, const std::string& name, const std::string& pa
     done += static_cast<size_t>(n);
   }
   if (fsync(fd.get()) != 0) return Errno("cannot sync", path);
+  return close(fd.Release()) == 0 ? absl::OkStatus() : Errno("cannot close", path);
+}
+
+// Writes the new file `name` in `dir` (shown as `path`) from `produce`, a
+// piece at a time, and syncs it; its size and CRC-32 into `file`.
+absl::Status WriteProduced(int dir, const std::string& name, const std::string& path, const FileProducer& produce,
+                           CheckpointManifest::File* file) {
+  (void)unlinkat(dir, name.c_str(), 0);
+  UniqueFd fd(openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!fd.valid()) return Errno("cannot create", path);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t written = 0, synced = 0;
+  const ByteSink sink = [&](const void* data, size_t size) -> absl::Status {
+    const char* bytes = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = write(fd.get(), bytes + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Errno("cannot write", path);
+      done += static_cast<size_t>(n);
+    }
+    crc = CrcUpdate(crc, data, size);
+    written += size;
+    if (written - synced >= kSyncEveryBytes) {
+      if (fdatasync(fd.get()) != 0) return Errno("cannot sync", path);
+      (void)posix_fadvise(fd.get(), static_cast<off_t>(synced), static_cast<off_t>(written - synced),
+                          POSIX_FADV_DONTNEED);
+      synced = written;
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = produce(sink); !s.ok()) return s;
+  if (fsync(fd.get()) != 0) return Errno("cannot sync", path);
+  (void)posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  file->name = name;
+  file->size = written;
+  file->crc32 = static_cast<uint32_t>(crc);
   return close(fd.Release()) == 0 ? absl::OkStatus() : Errno("cannot close", path);
 }
 
@@ -162,13 +208,36 @@ std::vector<int64_t> Steps(int root) {
 // The checkpoint root `root`, open; invalid with errno.
 UniqueFd OpenRoot(const std::string& root) { return UniqueFd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); }
 
-std::string Manifest(const CheckpointContents& c) {
+std::string Manifest(const CheckpointContents& c, const std::vector<CheckpointManifest::File>& files) {
   std::string m = absl::StrCat("format ", kFormatVersion, "\nstep ", c.step, "\n");
   for (const auto& [name, value] : c.meta) absl::StrAppend(&m, "meta ", name, " ", value, "\n");
-  for (const auto& [name, data] : c.files) {
-    absl::StrAppend(&m, "file ", name, " ", data.size(), " ", absl::StrFormat("%08x", Crc32(data)), "\n");
+  for (const CheckpointManifest::File& file : files) {
+    absl::StrAppend(&m, "file ", file.name, " ", file.size, " ", absl::StrFormat("%08x", file.crc32), "\n");
   }
   return m;
+}
+
+// Checks the open file `fd` (shown as `path`) against its manifest entry
+// without holding it: its size, then its CRC-32 read a piece at a time.
+absl::Status VerifyStored(int fd, const std::string& path, const CheckpointManifest::File& file) {
+  std::vector<char> buffer(4 << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t done = 0;
+  while (done < file.size) {
+    const ssize_t n = pread(fd, buffer.data(), std::min<uint64_t>(buffer.size(), file.size - done),
+                            static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot read", path);
+    if (n == 0) return absl::DataLossError(absl::StrCat(file.name, ": shorter than the manifest's ", file.size, " bytes"));
+    crc = CrcUpdate(crc, buffer.data(), static_cast<size_t>(n));
+    done += static_cast<uint64_t>(n);
+  }
+  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (static_cast<uint32_t>(crc) != file.crc32) {
+    return absl::DataLossError(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x", file.name,
+                                               static_cast<uint32_t>(crc), file.crc32));
+  }
+  return absl::OkStatus();
 }
 
 // Reads and verifies one checkpoint directory; the error says what is wrong.
@@ -186,7 +255,30 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::str
   c.step = manifest->step;
   c.meta = std::move(manifest->meta);
   for (const CheckpointManifest::File& file : manifest->files) {
-    absl::StatusOr<std::string> data = ReadFile(dir_fd.get(), file.name, dir + "/" + file.name);
+    const std::string path = dir + "/" + file.name;
+    if (file.size >= kHeldFileBytes) {
+      UniqueFd fd(openat(dir_fd.get(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+      struct stat st;
+      if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        return absl::DataLossError(absl::StrCat(file.name, ": missing"));
+      }
+      if (static_cast<uint64_t>(st.st_size) != file.size) {
+        return absl::DataLossError(absl::StrCat(file.name, ": ", st.st_size, " bytes, the manifest says ", file.size,
+                                                " (truncated?)"));
+      }
+      if (absl::Status s = VerifyStored(fd.get(), path, file); !s.ok()) return absl::DataLossError(s.message());
+      StoredFile stored;
+      stored.fd = std::shared_ptr<const int>(new int(fd.Release()), [](const int* p) {
+        close(*p);
+        delete p;
+      });
+      stored.path = path;
+      stored.size = file.size;
+      stored.crc32 = file.crc32;
+      c.stored[file.name] = std::move(stored);
+      continue;
+    }
+    absl::StatusOr<std::string> data = ReadFile(dir_fd.get(), file.name, path);
     if (!data.ok()) return absl::DataLossError(absl::StrCat(file.name, ": missing"));
     if (data->size() != file.size) {
       return absl::DataLossError(absl::StrCat(file.name, ": ", data->size(),
@@ -273,14 +365,27 @@ absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const Check
     RemoveTree(root_fd, tmp_name);
     return s;
   };
+  std::vector<CheckpointManifest::File> written;
   for (const auto& [file, data] : contents.files) {
     if (!IsPlainFileName(file)) {
       return fail(absl::InvalidArgumentError(absl::StrCat("checkpoint: bad file name '", file, "'")));
     }
     if (absl::Status s = WriteSynced(tmp_fd.get(), file, tmp + "/" + file, data); !s.ok()) return fail(s);
+    written.push_back({file, data.size(), Crc32(data)});
+  }
+  for (const auto& [file, produce] : contents.produced) {
+    if (!IsPlainFileName(file) || contents.files.count(file) > 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("checkpoint: bad or repeated file name '", file, "'")));
+    }
+    CheckpointManifest::File entry;
+    if (absl::Status s = WriteProduced(tmp_fd.get(), file, tmp + "/" + file, produce, &entry); !s.ok()) {
+      return fail(s);
+    }
+    written.push_back(std::move(entry));
   }
   // The manifest last: a directory with one is complete.
-  if (absl::Status s = WriteSynced(tmp_fd.get(), kManifest, tmp + "/" + kManifest, Manifest(contents)); !s.ok()) {
+  if (absl::Status s = WriteSynced(tmp_fd.get(), kManifest, tmp + "/" + kManifest, Manifest(contents, written));
+      !s.ok()) {
     return fail(s);
   }
   if (absl::Status s = SyncFd(tmp_fd.get(), tmp); !s.ok()) return fail(s);
@@ -301,6 +406,55 @@ absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const Check
   int kept = 0;
   for (const int64_t step : Steps(root_fd)) {
     if (step > contents.step || ++kept > std::max(1, keep)) RemoveTree(root_fd, DirName(step));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointFileReader> CheckpointFileReader::Open(const CheckpointContents& contents,
+                                                                const std::string& name) {
+  CheckpointFileReader reader;
+  reader.name_ = name;
+  reader.crc_ = crc32(0L, Z_NULL, 0);
+  if (auto it = contents.files.find(name); it != contents.files.end()) {
+    reader.held_ = &it->second;
+    reader.size_ = it->second.size();
+  } else if (auto s = contents.stored.find(name); s != contents.stored.end()) {
+    reader.stored_ = &s->second;
+    reader.size_ = s->second.size;
+  } else {
+    return absl::NotFoundError(absl::StrCat("checkpoint: no file ", name));
+  }
+  return reader;
+}
+
+absl::Status CheckpointFileReader::Read(void* data, size_t size) {
+  if (size > remaining()) {
+    return absl::DataLossError(absl::StrCat("checkpoint: ", name_, " ends ", size - remaining(),
+                                            " bytes before what is read from it"));
+  }
+  if (held_ != nullptr) {
+    std::memcpy(data, held_->data() + offset_, size);
+    offset_ += size;
+    return absl::OkStatus();
+  }
+  char* out = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = pread(*stored_->fd, out + done, size - done, static_cast<off_t>(offset_ + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot read", stored_->path);
+    if (n == 0) return absl::DataLossError(absl::StrCat("checkpoint: ", stored_->path, " was truncated as it was read"));
+    done += static_cast<size_t>(n);
+  }
+  crc_ = CrcUpdate(crc_, data, size);
+  offset_ += size;
+  if (offset_ == size_) {
+    (void)posix_fadvise(*stored_->fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (static_cast<uint32_t>(crc_) != stored_->crc32) {
+      return absl::DataLossError(absl::StrFormat("checkpoint: %s changed after it was verified (CRC-32 %08x, the "
+                                                 "manifest says %08x)",
+                                                 stored_->path, static_cast<uint32_t>(crc_), stored_->crc32));
+    }
   }
   return absl::OkStatus();
 }

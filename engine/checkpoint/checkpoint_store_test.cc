@@ -65,6 +65,71 @@ TEST(CheckpointStoreTest, PruningIgnoresStepsAfterTheOneWritten) {
   EXPECT_TRUE(loaded->skipped.empty());
 }
 
+// A large file is produced a piece at a time as the checkpoint is written
+// and, loaded, left on disk (verified) to be read in pieces.
+TEST(CheckpointStoreTest, ProducedFilesAreWrittenInPiecesAndLargeOnesLeftOnDisk) {
+  const std::string root = EmptyTestPath("produced");
+  const std::string piece(300 << 10, 'p');
+  const int pieces = 5;  // 1.5 MiB: over kHeldFileBytes
+  CheckpointContents c = At(7);
+  int calls = 0;
+  c.produced["rank0.chunks"] = [&](const ByteSink& sink) -> absl::Status {
+    ++calls;
+    for (int i = 0; i < pieces; ++i) {
+      std::string p = piece;
+      p[0] = static_cast<char>('0' + i);
+      if (absl::Status s = sink(p.data(), p.size()); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(WriteCheckpoint(root, c, 2).ok());
+  EXPECT_EQ(calls, 1);
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.files, At(7).files) << "small files are held";
+  ASSERT_EQ(loaded->contents.stored.count("rank0.chunks"), 1u);
+  EXPECT_EQ(loaded->contents.files.count("rank0.chunks"), 0u);
+  absl::StatusOr<CheckpointFileReader> reader = CheckpointFileReader::Open(loaded->contents, "rank0.chunks");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->size(), piece.size() * pieces);
+  std::string back(piece.size(), '\0');
+  for (int i = 0; i < pieces; ++i) {
+    ASSERT_TRUE(reader->Read(back.data(), back.size()).ok()) << i;
+    EXPECT_EQ(back[0], '0' + i);
+    EXPECT_EQ(back.substr(1), piece.substr(1));
+  }
+  EXPECT_EQ(reader->remaining(), 0u);
+  EXPECT_EQ(reader->Read(back.data(), 1).code(), absl::StatusCode::kDataLoss) << "past the end";
+  // A held file reads the same way.
+  absl::StatusOr<CheckpointFileReader> held = CheckpointFileReader::Open(loaded->contents, "rank0.model");
+  ASSERT_TRUE(held.ok());
+  std::string model(held->size(), '\0');
+  ASSERT_TRUE(held->Read(model.data(), model.size()).ok());
+  EXPECT_EQ(model, At(7).files.at("rank0.model"));
+  EXPECT_EQ(CheckpointFileReader::Open(loaded->contents, "rank1.chunks").status().code(), absl::StatusCode::kNotFound);
+
+  // Damage in a large file is found when the checkpoint is loaded, like in
+  // any other file.
+  const std::string path = root + "/step-000000000007/rank0.chunks";
+  std::string bytes = Slurp(path);
+  bytes[bytes.size() - 3] ^= 1;
+  Spit(path, bytes);
+  absl::StatusOr<LoadedCheckpoint> damaged = LoadCheckpointAt(root, 7);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("rank0.chunks: CRC-32"), std::string::npos) << damaged.status();
+  Spit(path, bytes.substr(0, 1000));
+  damaged = LoadCheckpointAt(root, 7);
+  EXPECT_NE(damaged.status().message().find("truncated"), std::string::npos) << damaged.status();
+
+  // A producer's error fails the write and leaves the older checkpoints.
+  CheckpointContents failing = At(9);
+  failing.produced["rank0.chunks"] = [](const ByteSink&) { return absl::DataLossError("chunk 3: damaged"); };
+  const absl::Status s = WriteCheckpoint(root, failing, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_FALSE(Exists(root + "/step-000000000009"));
+  EXPECT_TRUE(Exists(root + "/step-000000000007"));
+}
+
 TEST(CheckpointStoreTest, LoadsAnOlderStep) {
   const std::string root = EmptyTestPath("at_step");
   for (int64_t step : {100, 200}) ASSERT_TRUE(WriteCheckpoint(root, At(step), 3).ok());

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/cpu_generator.h"
+#include "engine/common/status_macros.h"
 #include "engine/common/torch_status.h"
 #include "engine/memory/eviction.h"
 #include "engine/memory/simulated_device.h"
@@ -1170,23 +1171,12 @@ namespace {
 
 constexpr char kStateMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'K', '1'};
 
-void AppendInt(std::string* out, int64_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof v); }
-
-bool ReadInt(const std::string& in, size_t* at, int64_t* v) {
-  if (*at + sizeof *v > in.size()) return false;
-  std::memcpy(v, in.data() + *at, sizeof *v);
-  *at += sizeof *v;
-  return true;
-}
+absl::Status PutInt(const ChunkManager::StateSink& sink, int64_t v) { return sink(&v, sizeof v); }
 
 }  // namespace
 
-std::string ChunkManager::SaveState() const {
-  HostAllocationScope host;
-  device_->SynchronizeTransfers();
-  // This is the part of a checkpoint training waits for: one pass over the
-  // bytes into a string sized up front (a host copy is read in place).
-  size_t size = sizeof kStateMagic + 2 * sizeof(int64_t);
+uint64_t ChunkManager::StateBytes() const {
+  uint64_t size = sizeof kStateMagic + 2 * sizeof(int64_t);
   for (const Chunk& chunk : chunks_) {
     size += 2 * sizeof(int64_t);
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
@@ -1194,38 +1184,64 @@ std::string ChunkManager::SaveState() const {
       size += sizeof(int64_t) + chunk.payloads[static_cast<int>(kind)].bytes;
     }
   }
-  std::string out;
-  out.reserve(size);
-  out.append(kStateMagic, sizeof kStateMagic);
-  AppendInt(&out, static_cast<int64_t>(chunks_.size()));
-  AppendInt(&out, static_cast<int64_t>(optimizer_.param_dtype));
+  return size;
+}
+
+bool ChunkManager::StateSnapshotFits() const {
+  if (options_.host_budget_bytes == 0) return true;
+  const uint64_t used = tier_plan_.host_steady_bytes;
+  return used < options_.host_budget_bytes && StateBytes() <= options_.host_budget_bytes - used;
+}
+
+absl::Status ChunkManager::SaveState(const StateSink& sink) const {
+  HostAllocationScope host;
+  device_->SynchronizeTransfers();
+  // One payload at a time, from wherever its current copy is: a host copy
+  // is written in place, a device one through a host copy of that payload,
+  // a disk one through a staging buffer.
+  RETURN_IF_ERROR(sink(kStateMagic, sizeof kStateMagic));
+  RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(chunks_.size())));
+  RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(optimizer_.param_dtype)));
   for (const Chunk& chunk : chunks_) {
-    AppendInt(&out, chunk.capacity);
-    AppendInt(&out, chunk.optimizer_initialized ? 1 : 0);
+    RETURN_IF_ERROR(PutInt(sink, chunk.capacity));
+    RETURN_IF_ERROR(PutInt(sink, chunk.optimizer_initialized ? 1 : 0));
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       const Payload& p = chunk.payloads[static_cast<int>(kind)];
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
-      AppendInt(&out, static_cast<int64_t>(p.bytes));
+      RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(p.bytes)));
+      absl::Status written;
       store_.WithCurrentCopy(p, [&](const at::Tensor& copy) {
         const at::Tensor current = copy.to(at::kCPU).contiguous();
-        out.append(static_cast<const char*>(current.data_ptr()), p.bytes);
+        written = sink(current.data_ptr(), p.bytes);
       });
+      RETURN_IF_ERROR(written);
     }
   }
-  return out;
+  return absl::OkStatus();
 }
 
-absl::Status ChunkManager::RestoreState(const std::string& state) {
+absl::Status ChunkManager::RestoreState(uint64_t size, const StateSource& source) {
   auto mismatch = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint: ", what, "; it was saved for another model, precision or parallel layout"));
   };
-  if (state.size() < sizeof kStateMagic || std::memcmp(state.data(), kStateMagic, sizeof kStateMagic) != 0) {
+  uint64_t left = size;
+  // Reads `n` bytes, or says why not: a short state is another layout's.
+  auto take = [&](void* data, size_t n) -> absl::Status {
+    if (n > left) return mismatch("truncated chunk state");
+    left -= n;
+    return source(data, n);
+  };
+  auto take_int = [&](int64_t* v) { return take(v, sizeof *v); };
+  char magic[sizeof kStateMagic];
+  if (size < sizeof magic) return absl::InvalidArgumentError("checkpoint: not a chunk state");
+  RETURN_IF_ERROR(take(magic, sizeof magic));
+  if (std::memcmp(magic, kStateMagic, sizeof magic) != 0) {
     return absl::InvalidArgumentError("checkpoint: not a chunk state");
   }
-  size_t at = sizeof kStateMagic;
   int64_t count = 0, dtype = 0;
-  if (!ReadInt(state, &at, &count) || !ReadInt(state, &at, &dtype)) return mismatch("truncated chunk state");
+  RETURN_IF_ERROR(take_int(&count));
+  RETURN_IF_ERROR(take_int(&dtype));
   if (count != static_cast<int64_t>(chunks_.size())) {
     return mismatch(absl::StrCat(count, " chunks, this run has ", chunks_.size()));
   }
@@ -1233,7 +1249,8 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
   HostAllocationScope host;
   for (Chunk& chunk : chunks_) {
     int64_t capacity = 0, initialized = 0;
-    if (!ReadInt(state, &at, &capacity) || !ReadInt(state, &at, &initialized)) return mismatch("truncated chunk state");
+    RETURN_IF_ERROR(take_int(&capacity));
+    RETURN_IF_ERROR(take_int(&initialized));
     if (capacity != chunk.capacity) {
       return mismatch(absl::StrCat("chunk ", chunk.id, " holds ", capacity, " elements, here ", chunk.capacity));
     }
@@ -1246,20 +1263,19 @@ absl::Status ChunkManager::RestoreState(const std::string& state) {
         continue;
       }
       int64_t bytes = 0;
-      if (!ReadInt(state, &at, &bytes) || bytes != static_cast<int64_t>(p.bytes) ||
-          at + static_cast<size_t>(bytes) > state.size()) {
+      RETURN_IF_ERROR(take_int(&bytes));
+      if (bytes != static_cast<int64_t>(p.bytes) || static_cast<uint64_t>(bytes) > left) {
         return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
       }
       if (p.resident) store_.Release(p);
       store_.HostBuffer(p);
-      std::memcpy(p.host.data_ptr(), state.data() + at, static_cast<size_t>(bytes));
-      at += static_cast<size_t>(bytes);
+      RETURN_IF_ERROR(take(p.host.data_ptr(), static_cast<size_t>(bytes)));
       p.host_valid = true;
       store_.WriteHome(p);
     }
     chunk.optimizer_initialized = initialized != 0;
   }
-  if (at != state.size()) return mismatch("trailing bytes in the chunk state");
+  if (left != 0) return mismatch("trailing bytes in the chunk state");
   return absl::OkStatus();
 }
 

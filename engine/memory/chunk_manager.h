@@ -147,13 +147,24 @@ class ChunkManager {
   std::vector<at::Tensor> ParameterValues() const;
   // What a checkpoint keeps of the model data: every chunk's parameters and
   // optimizer states (with the fp32 masters in mixed precision), read from
-  // wherever their current copy is -- the device, the host or the disk.
-  // Between steps.
-  std::string SaveState() const;
-  // Before the first step: the chunks take SaveState()'s contents.
-  // INVALID_ARGUMENT if the layout differs (another model, precision or
-  // shard).
-  absl::Status RestoreState(const std::string& state);
+  // wherever their current copy is -- the device, the host or the disk --
+  // one payload at a time into `sink`, so that no more than one chunk's
+  // payload is held for it. Between steps.
+  using StateSink = std::function<absl::Status(const void* data, size_t size)>;
+  absl::Status SaveState(const StateSink& sink) const;
+  // The bytes SaveState writes.
+  uint64_t StateBytes() const;
+  // Whether a copy of the whole state (StateBytes) fits in memory.host_budget
+  // beside the most the tier plan has the host hold during a step: if not, a
+  // checkpoint streams SaveState to its file instead of snapshotting it.
+  bool StateSnapshotFits() const;
+  // Before the first step: the chunks take SaveState()'s `size` bytes, read
+  // in order from `source` (which fills exactly the bytes asked), one
+  // payload at a time into its home tier. INVALID_ARGUMENT if the layout
+  // differs (another model, precision or shard); `source`'s own errors as
+  // they are.
+  using StateSource = std::function<absl::Status(void* data, size_t size)>;
+  absl::Status RestoreState(uint64_t size, const StateSource& source);
   // A message for an out-of-memory error raised during the step: where it
   // happened, what was on the device, and what to change.
   std::string ExplainOutOfMemory(const std::string& what) const;

@@ -59,15 +59,17 @@ class StepEngine {
   // Fills the memory part of the report.
   virtual void Report(StepReport* report) = 0;
   virtual std::string ExplainOutOfMemory(const std::string& what) const = 0;
-  // This engine's part of a checkpoint, as files named `prefix` + "...".
-  virtual absl::Status SaveState(const std::string& prefix, std::map<std::string, std::string>* files) {
+  // This engine's part of a checkpoint, as files named `prefix` + "...":
+  // held in `contents->files`, or in `contents->produced` to be written
+  // before the next step.
+  virtual absl::Status SaveState(const std::string& prefix, CheckpointContents* contents) {
     (void)prefix;
-    (void)files;
+    (void)contents;
     return absl::UnimplementedError("checkpoints need the memory manager's chunks");
   }
-  virtual absl::Status RestoreState(const std::string& prefix, const std::map<std::string, std::string>& files) {
+  virtual absl::Status RestoreState(const std::string& prefix, const CheckpointContents& contents) {
     (void)prefix;
-    (void)files;
+    (void)contents;
     return absl::UnimplementedError("checkpoints need the memory manager's chunks");
   }
 };
@@ -235,20 +237,37 @@ class ChunkedEngine : public StepEngine {
     return manager_->ExplainOutOfMemory(what);
   }
 
-  absl::Status SaveState(const std::string& prefix, std::map<std::string, std::string>* files) override {
-    (*files)[prefix + "chunks"] = manager_->SaveState();
-    (*files)[prefix + "engine"] = absl::StrCat(updates_, " ", scaler_ ? scaler_->State() : "-");
+  absl::Status SaveState(const std::string& prefix, CheckpointContents* contents) override {
+    // A snapshot lets training go on while the file is written; where the
+    // host budget has no room for one, the state is streamed to the file
+    // from wherever each chunk lives, and training waits for it.
+    if (manager_->StateSnapshotFits()) {
+      std::string state;
+      state.reserve(manager_->StateBytes());
+      RETURN_IF_ERROR(manager_->SaveState([&](const void* data, size_t size) {
+        state.append(static_cast<const char*>(data), size);
+        return absl::OkStatus();
+      }));
+      contents->files[prefix + "chunks"] = std::move(state);
+    } else {
+      contents->produced[prefix + "chunks"] = [manager = manager_.get()](const ByteSink& sink) {
+        return manager->SaveState(sink);
+      };
+    }
+    contents->files[prefix + "engine"] = absl::StrCat(updates_, " ", scaler_ ? scaler_->State() : "-");
     return absl::OkStatus();
   }
 
-  absl::Status RestoreState(const std::string& prefix, const std::map<std::string, std::string>& files) override {
-    auto chunks = files.find(prefix + "chunks");
-    auto engine = files.find(prefix + "engine");
-    if (chunks == files.end() || engine == files.end()) {
+  absl::Status RestoreState(const std::string& prefix, const CheckpointContents& contents) override {
+    absl::StatusOr<CheckpointFileReader> chunks = CheckpointFileReader::Open(contents, prefix + "chunks");
+    auto engine = contents.files.find(prefix + "engine");
+    if (!chunks.ok() || engine == contents.files.end()) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint: no ", prefix, "chunks or ", prefix,
                                                      "engine; it was written for another parallel layout"));
     }
-    RETURN_IF_ERROR(manager_->RestoreState(chunks->second));
+    RETURN_IF_ERROR(manager_->RestoreState(chunks->size(), [&](void* data, size_t size) {
+      return chunks->Read(data, size);
+    }));
     const std::vector<std::string> parts = absl::StrSplit(engine->second, absl::MaxSplits(' ', 1));
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &updates_) ||
         (scaler_ != nullptr && !scaler_->Restore(parts[1]))) {
@@ -433,7 +452,7 @@ absl::Status Trainer::RunSteps() {
                                                      it == resume.meta.end() ? "?" : it->second,
                                                      " (tensor x data) ranks, this run has ", world));
     }
-    RETURN_IF_ERROR(engine->RestoreState(prefix, resume.files));
+    RETURN_IF_ERROR(engine->RestoreState(prefix, resume));
     auto generator = resume.files.find(prefix + "generator");
     auto position = resume.files.find(prefix + "data");
     if (generator == resume.files.end() || position == resume.files.end()) {
@@ -452,7 +471,7 @@ absl::Status Trainer::RunSteps() {
     CheckpointContents c;
     c.step = steps_done;
     c.meta["world"] = world;
-    RETURN_IF_ERROR(engine->SaveState(prefix, &c.files));
+    RETURN_IF_ERROR(engine->SaveState(prefix, &c));
     c.files[prefix + "data"] = data_->SavePosition();
     const GeneratorStates generators = SaveGenerators(device->compute_device());
     c.files[prefix + "generator"] = StateBytes(generators.cpu);
@@ -594,7 +613,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameter
     }
     ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
                      ChunkedEngine::Create(std::move(gpt), options, memory, device, {&tensor, nullptr}, &observer));
-    RETURN_IF_ERROR(engine->RestoreState(absl::StrCat("rank", world_rank, "."), checkpoint.files));
+    RETURN_IF_ERROR(engine->RestoreState(absl::StrCat("rank", world_rank, "."), checkpoint));
     named = engine->NamedParameterValues();
     return absl::OkStatus();
   }));

@@ -40,10 +40,13 @@ struct EngineOptions {
   // at its step exactly as the uninterrupted run would; and every
   // `checkpoint_every_steps` steps, after the last, and when asked to stop,
   // hand this rank's state to `on_checkpoint` (whose error stops training).
-  // The state is a snapshot taken at the step boundary: bytes copied to
-  // host memory, which the hook owns and may write after it returns (in the
-  // background, say) while training goes on; `snapshot_seconds` is what
-  // taking it cost the step loop.
+  // The state is taken at the step boundary. Where memory.host_budget has
+  // room for a copy of it beside the step's host memory, it is a snapshot
+  // in `files`, which the hook owns and may write after it returns (in the
+  // background, say) while training goes on; otherwise the chunks' file is
+  // in `produced`, read from the live chunks as it is written, and the hook
+  // must have written it when it returns (AsyncCheckpointWriter does).
+  // `snapshot_seconds` is what taking the snapshot cost the step loop.
   const CheckpointContents* resume = nullptr;
   int64_t checkpoint_every_steps = 0;
   std::function<absl::Status(CheckpointContents contents, double snapshot_seconds)> on_checkpoint;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 
+#include "engine/checkpoint/test_files.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
 
@@ -416,6 +417,81 @@ TEST(TrainerTest, ResumingFromACheckpointIsTheSameTrainingBitForBit) {
     EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
     EXPECT_NE(wrong.message().find("saved for another model"), std::string::npos) << wrong;
   }
+}
+
+// Where the host budget has no room for a snapshot of the state, a
+// checkpoint streams it to its file from the chunks (here with the
+// optimizer states on disk), and a run resumed from that file, read back a
+// piece at a time, is the same training bit for bit.
+TEST(TrainerTest, AStreamedCheckpointResumesIntoTheTiersBitForBit) {
+  TrainOptions o = Quick(6);
+  o.precision = TrainOptions::Precision::kBf16;
+  MemoryOptions memory;
+  memory.host_budget_bytes = 3 << 20;  // the model's data is about 6 MiB
+  memory.disk_dir = testing::EmptyTestPath("streamed-disk-tier");
+  memory.disk_budget_bytes = 1ull << 30;
+  const std::string root = testing::EmptyTestPath("streamed-checkpoints");
+  auto run = std::make_unique<TrainRun>();
+  int streamed = 0;
+  {
+    SimulatedDevice device(kAmple);
+    EngineOptions engine;
+    engine.device = &device;
+    engine.memory = memory;
+    engine.checkpoint_every_steps = 3;
+    engine.on_checkpoint = [&](CheckpointContents c, double) {
+      // Produced, not held: written now, while the chunks are as they were.
+      EXPECT_EQ(c.files.count("rank0.chunks"), 0u);
+      if (c.produced.count("rank0.chunks") > 0) ++streamed;
+      return WriteCheckpoint(root, c, 3);
+    };
+    run->status = Trainer(ActivationHeavy(), o, engine, Chain(1), &run->observer).Run();
+  }
+  ASSERT_TRUE(run->status.ok()) << run->status;
+  ASSERT_GT(run->observer.placement.planned_disk_bytes, 0u) << "the optimizer states are on disk";
+  EXPECT_EQ(streamed, 2) << "after steps 3 and 6";
+
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointAt(root, 3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->contents.stored.count("rank0.chunks"), 1u) << "left on disk, not read into memory";
+  EXPECT_GE(loaded->contents.stored.at("rank0.chunks").size, kHeldFileBytes);
+  auto resumed = std::make_unique<TrainRun>();
+  {
+    SimulatedDevice device(kAmple);
+    EngineOptions engine;
+    engine.device = &device;
+    engine.memory = memory;
+    engine.resume = &loaded->contents;
+    resumed->status = Trainer(ActivationHeavy(), o, engine, Chain(1), &resumed->observer).Run();
+  }
+  ASSERT_TRUE(resumed->status.ok()) << resumed->status;
+  ASSERT_EQ(resumed->observer.reports.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const StepReport& a = run->observer.reports[3 + i];
+    const StepReport& b = resumed->observer.reports[i];
+    EXPECT_EQ(b.step, a.step);
+    EXPECT_EQ(b.loss, a.loss) << "step " << a.step;
+    EXPECT_EQ(b.grad_norm, a.grad_norm) << "step " << a.step;
+  }
+
+  // A stored file changed after it was verified is caught as it is read.
+  loaded = LoadCheckpointAt(root, 6);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  {
+    const std::string path = loaded->contents.stored.at("rank0.chunks").path;
+    std::string bytes = testing::Slurp(path);
+    bytes[bytes.size() / 2] ^= 1;
+    testing::Spit(path, bytes);
+  }
+  SimulatedDevice device(kAmple);
+  EngineOptions engine;
+  engine.device = &device;
+  engine.memory = memory;
+  engine.resume = &loaded->contents;
+  RecordingObserver observer;
+  const absl::Status damaged = Trainer(ActivationHeavy(), o, engine, Chain(1), &observer).Run();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
+  EXPECT_NE(damaged.message().find("changed after it was verified"), std::string::npos) << damaged;
 }
 
 TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {

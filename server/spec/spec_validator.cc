@@ -144,12 +144,6 @@ uint64_t RankParameters(const JobSpec& spec) {
   return params;
 }
 
-// Host memory a rank's checkpoint snapshot takes while it is written: the
-// fp32 weights (or masters) and both AdamW moments, 12 bytes a parameter.
-uint64_t RankSnapshotBytes(const JobSpec& spec) {
-  return spec.checkpoint().dir().empty() ? 0 : SaturatingMul(RankParameters(spec), 12);
-}
-
 // True when the model is well formed.
 bool CheckModel(Problems& p, const ferry::v1::ModelSpec& m) {
   Problems local;
@@ -322,18 +316,6 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, 
     p.Invalid(absl::StrCat(m.chunk_size() > 0 ? "memory.chunk_size: " : "model: ", input.status().message()));
     return;
   }
-  const uint64_t snapshot_bytes = RankSnapshotBytes(spec);
-  if (m.host_budget() > 0 && snapshot_bytes > 0 &&
-      SaturatingMul(SaturatingAdd(m.host_budget(), snapshot_bytes), ranks_here) > machine.host_memory_bytes) {
-    p.Precondition(absl::StrCat(
-        "memory.host_budget: ", FormatSize(m.host_budget()), " plus ", FormatSize(snapshot_bytes),
-        " for checkpoint snapshots (12 bytes a parameter: weights and AdamW moments copied to host memory while "
-        "a checkpoint is written)",
-        ranks_here > 1 ? absl::StrCat(", for each of ", ranks_here, " ranks on this machine,") : std::string(),
-        " is more than this machine's memory (", FormatSize(machine.host_memory_bytes),
-        "); lower memory.host_budget, or choose a smaller model"));
-    return;
-  }
   input->host_limit_bytes = RankHostBudgetBytes(spec, machine);
   input->disk_dir = DiskTierBase(spec, machine);
   input->disk_limit_is_free_space = m.disk_budget() == 0 && disk_free.has_value();
@@ -357,11 +339,6 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, 
       if (ranks_here > 1) {
         absl::StrAppend(&what, ", split among ", ranks_here, " ranks on this machine");
         if (replicas_here > 1) absl::StrAppend(&what, " (x ", replicas_here, " data-parallel ranks on this machine)");
-      }
-      if (snapshot_bytes > 0) {
-        absl::StrAppend(&what, ", less ", FormatSize(snapshot_bytes),
-                        " for checkpoint snapshots (12 bytes a parameter: weights and AdamW moments copied while a "
-                        "checkpoint is written)");
       }
     }
     if (replicas_here > 1) absl::StrAppend(&what, "; or use fewer data-parallel ranks (parallel.data)");
@@ -578,10 +555,8 @@ uint64_t RankHostBudgetBytes(const JobSpec& spec, const MachineFacts& machine) {
   const uint64_t ranks = RanksHere(spec, machine);
   const uint64_t whole =
       DefaultHostBudgetBytes(machine.host_memory_bytes, SaturatingMul(SimulatedDeviceBytes(spec, machine), ranks));
-  const uint64_t snapshot = RankSnapshotBytes(spec);
-  const uint64_t share = whole / ranks;
   // Never 0, which would mean no limit at all.
-  return share > snapshot ? share - snapshot : 1;
+  return std::max<uint64_t>(whole / ranks, 1);
 }
 
 uint64_t RankDiskBudgetBytes(const JobSpec& spec, const MachineFacts& machine, uint64_t free_disk_bytes) {

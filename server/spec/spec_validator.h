@@ -92,8 +92,9 @@ absl::StatusOr<TierInput> RankTierInput(const ferry::v1::JobSpec& spec);
 // Host memory one rank may use for model data (MemoryOptions
 // .host_budget_bytes): memory.host_budget when set; else three quarters of
 // the host memory the simulated device leaves (DefaultHostBudgetBytes),
-// split among the job's ranks on this machine, less the rank's checkpoint
-// snapshot (12 bytes a parameter) when checkpoint.dir is set. 0 (no limit)
+// split among the job's ranks on this machine. Checkpoints fit inside it: a
+// rank snapshots its state only where the budget has room, else streams it
+// to the file chunk by chunk. 0 (no limit)
 // when host memory is unknown. The validator plans with it and the worker
 // passes it to the engine, so both hold the job to the same figure.
 uint64_t RankHostBudgetBytes(const ferry::v1::JobSpec& spec, const MachineFacts& machine);

@@ -82,6 +82,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
         std::abort();
       }
     }
+    for (const auto& [name, stored] : latest->contents.stored) {
+      if (name != "data") {
+        std::fprintf(stderr, "FUZZ CHECK FAILED: left a file the checkpoint does not hold: %s\n", name.c_str());
+        std::abort();
+      }
+    }
   }
   return 0;
 }
