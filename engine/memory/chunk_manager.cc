@@ -188,9 +188,17 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     tiers.grad_bytes.push_back(chunk.payloads[1].bytes);
     tiers.optimizer_bytes.push_back(chunk.payloads[2].bytes);
   }
+  // The model as built (less what is initialised straight into its chunk),
+  // and the largest scratch an initialisation takes.
+  uint64_t built_bytes = 0, init_scratch_bytes = 0;
   for (const ManagedParam& p : params) {
-    tiers.construction_bytes += static_cast<uint64_t>(p.tensor.numel()) * p.tensor.element_size();
+    if (p.init) {
+      init_scratch_bytes = std::max(init_scratch_bytes, p.init_scratch_bytes);
+    } else {
+      built_bytes += static_cast<uint64_t>(p.tensor.numel()) * p.tensor.element_size();
+    }
   }
+  tiers.construction_bytes = built_bytes + init_scratch_bytes;
   tiers.masters_with_optimizer = m->mixed();
   tiers.host_limit_bytes = options.host_budget_bytes;
   tiers.disk_limit_bytes = options.disk_dir.empty() ? 0 : options.disk_budget_bytes;
@@ -271,7 +279,12 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       master.zero_();
       for (int i : chunk.tensors) {
         const ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
-        master.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
+        const ManagedParam& param = params[static_cast<size_t>(i)];
+        if (param.init) {
+          param.init(master.narrow(0, t.offset, t.numel));
+        } else {
+          master.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
+        }
       }
       if (m->mixed()) {
         p.host.copy_(master);
@@ -282,7 +295,9 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       for (int i : chunk.tensors) {
         ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
         const std::vector<int64_t> shape = t.param.sizes().vec();
-        m->store_.AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
+        if (!params[static_cast<size_t>(i)].init) {
+          m->store_.AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
+        }
         t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
         t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
         t.state = Transition(t.name, t.state, TensorState::kHold);
@@ -291,6 +306,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     for (auto& [o, ticket] : writing) {
       if (o != nullptr) m->store_.FinishStore(*o, ticket);
     }
+    m->store_.AddHostBytes(-static_cast<int64_t>(init_scratch_bytes));
     return absl::OkStatus();
   });
   if (!status.ok()) return status;

@@ -56,6 +56,13 @@ struct ManagedParam {
   // Whole (and so with the same gradient) on every rank of the tensor
   // group; false for a tensor-parallel shard.
   bool replicated = true;
+  // Set: `tensor` holds no values yet (a placeholder of its shape), and
+  // this writes its initial value into the flat fp32 view it is given as
+  // the parameter's chunk is filled. Called in the order of the parameters,
+  // each once (chunks follow first use, which for a model is its order).
+  std::function<void(at::Tensor flat)> init;
+  // With `init`: the host bytes a call takes while it runs.
+  uint64_t init_scratch_bytes = 0;
 };
 
 // The collective groups a rank trains in; null is a group of one. Both

@@ -1,5 +1,10 @@
 #include "engine/model/gpt.h"
 
+#include <algorithm>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+
 #include "engine/common/cpu_generator.h"
 #include "engine/model/lm_head_loss.h"
 
@@ -164,41 +169,86 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return y + mlp->forward(Norm(y, ln_2, *mode_));
 }
 
-GptImpl::GptImpl(const GptConfig& config, Communicator* tensor)
+namespace {
+
+// A parameter's stand-in until its value is written where it will live: its
+// shape, one element of storage.
+void Defer(torch::nn::Module& module) {
+  for (torch::Tensor& p : module.parameters()) {
+    p.set_data(at::zeros({1}, p.options()).expand(p.sizes()));
+  }
+}
+
+}  // namespace
+
+GptImpl::GptImpl(const GptConfig& config, Communicator* tensor, ParameterInit init)
     : config_(config),
       solo_(tensor == nullptr ? MakeSoloCommunicator("tensor") : nullptr),
       tensor_(tensor == nullptr ? solo_.get() : tensor),
       mode_(std::make_shared<ComputeMode>()) {
+  const bool deferred = init == ParameterInit::kDeferred;
+  // Built in the same order either way, so that what the modules' own
+  // constructors draw is the same.
   wte = register_module("wte", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_));
+  if (deferred) Defer(*wte);
   wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
+  if (deferred) Defer(*wpe);
   drop_ = register_module("drop", Dropout(config.dropout));
   // A buffer, not a parameter: it moves with the model and is not trained.
   // Blocks hold the same tensor, so moving it moves theirs.
   causal_mask_ = register_buffer(
       "causal_mask", torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.layers; ++i) h->push_back(Block(config, causal_mask_, mode_, tensor_));
-  ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
-
-  torch::NoGradGuard no_grad;
-  const double residual_std = 0.02 / std::sqrt(2.0 * double(config.layers));
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (name.find("ln_") != std::string::npos) {
-      if (is_bias) p.zero_(); else p.fill_(1.0);
-    } else if (is_bias) {
-      p.zero_();
-    } else {
-      // Drawn whole, in the same order on every rank, whatever the group.
-      const double std = name.find("c_proj.weight") != std::string::npos ? residual_std : 0.02;
-      std::vector<int64_t> whole = p.sizes().vec();
-      const int dim = ShardedDim(name);
-      if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
-      p.copy_(PartOf(name, at::empty(whole).normal_(0.0, std, CpuGenerator()), *tensor_));
-    }
+  for (int64_t i = 0; i < config.layers; ++i) {
+    Block block(config, causal_mask_, mode_, tensor_);
+    if (deferred) Defer(*block);
+    h->push_back(block);
   }
+  ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
+  if (deferred) Defer(*ln_f);
+
+  generator_ = CpuGenerator();
+  for (auto& item : named_parameters()) pending_.emplace_back(item.key(), item.value().sizes().vec());
+  if (deferred) return;
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (auto& item : named_parameters()) InitialValue(i++, item.value());
+}
+
+void GptImpl::InitialValue(size_t index, at::Tensor out) {
+  if (index != next_initial_ || index >= pending_.size()) {
+    throw std::logic_error(absl::StrCat("GptImpl::InitialValue: parameter ", index, " asked for, ",
+                                        next_initial_ < pending_.size() ? absl::StrCat("the next is ", next_initial_)
+                                                                        : std::string("all are initialised")));
+  }
+  ++next_initial_;
+  const auto& [name, shape] = pending_[index];
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(config_.layers));
+  const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  if (name.find("ln_") != std::string::npos) {
+    if (is_bias) out.zero_(); else out.fill_(1.0);
+  } else if (is_bias) {
+    out.zero_();
+  } else {
+    // Drawn whole, in the same order on every rank, whatever the group.
+    const double std = name.find("c_proj.weight") != std::string::npos ? residual_std : 0.02;
+    std::vector<int64_t> whole = shape;
+    const int dim = ShardedDim(name);
+    if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
+    out.copy_(PartOf(name, at::empty(whole).normal_(0.0, std, generator_), *tensor_).reshape(out.sizes()));
+  }
+}
+
+uint64_t GptImpl::InitialValueScratchBytes() const {
+  uint64_t largest = 0;
+  for (const auto& [name, shape] : pending_) {
+    uint64_t n = sizeof(float);
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    if (ShardedDim(name) >= 0) n *= static_cast<uint64_t>(tensor_->size());
+    largest = std::max(largest, n);
+  }
+  return largest;
 }
 
 at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor) {

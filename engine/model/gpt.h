@@ -108,7 +108,29 @@ class GptImpl : public torch::nn::Module {
   // position embeddings are whole on every rank. Every rank draws the whole
   // model's initial values and keeps its part, and attention dropout drops
   // what the whole model would, so training is the same for every T.
-  explicit GptImpl(const GptConfig& config, Communicator* tensor = nullptr);
+  //
+  // ParameterInit::kDeferred builds the same model without its values:
+  // each module's parameters are replaced, as soon as it is built, by a
+  // placeholder of the same shape holding one element, so building GPT-2 XL
+  // takes one block's memory, not the model's. InitialValue then writes each
+  // parameter's value where its caller keeps it (a chunk, say).
+  enum class ParameterInit { kNow, kDeferred };
+  explicit GptImpl(const GptConfig& config, Communicator* tensor = nullptr,
+                   ParameterInit init = ParameterInit::kNow);
+
+  // Deferred initialisation: writes the initial value of parameter `index`
+  // (named_parameters() order) into `out` (contiguous, its number of
+  // elements, any floating type), drawing from the generator the
+  // constructor saw, exactly as kNow would have: call it once for each
+  // parameter, in order, before anything else draws from that generator,
+  // and the values and the generator's state after the last are kNow's bit
+  // for bit. Throws std::logic_error out of order or without kDeferred.
+  void InitialValue(size_t index, at::Tensor out);
+  // Whether parameters are still waiting for InitialValue.
+  bool deferred() const { return next_initial_ < pending_.size(); }
+  // The bytes the largest parameter's draw takes while InitialValue runs:
+  // the whole tensor across the tensor group, in fp32.
+  uint64_t InitialValueScratchBytes() const;
 
   // tokens: [batch, time] int64 with time <= seq_len -> logits
   // [batch, time, vocab_size / T] (this rank's part of the vocabulary).
@@ -155,6 +177,11 @@ class GptImpl : public torch::nn::Module {
   Dropout drop_{nullptr};
   // The one causal mask every block uses (a buffer: it moves with the model).
   torch::Tensor causal_mask_;
+  // Deferred initialisation: every parameter's name and shape, in order,
+  // the next to initialise, and the generator to draw from.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> pending_;
+  size_t next_initial_ = 0;
+  at::Generator generator_;
 };
 TORCH_MODULE(Gpt);
 

@@ -81,6 +81,40 @@ TEST(GptTest, SameSeedSameInitialisation) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 }
 
+// Built without its values, the model takes no memory for them, and
+// InitialValue in order gives kNow's values and leaves the generator where
+// kNow leaves it, bit for bit.
+TEST(GptTest, DeferredInitialisationIsTheSameModel) {
+  GptConfig config = SmallConfig();
+  config.layers = 3;
+  torch::manual_seed(7);
+  Gpt now(config);
+  const at::Tensor after_now = torch::randn({4});
+  torch::manual_seed(7);
+  Gpt later(config, nullptr, GptImpl::ParameterInit::kDeferred);
+  EXPECT_TRUE(later->deferred());
+  const auto built = later->named_parameters();
+  const auto expected = now->named_parameters();
+  ASSERT_EQ(built.size(), expected.size());
+  uint64_t largest = 0;
+  for (size_t i = 0; i < built.size(); ++i) {
+    EXPECT_EQ(built[i].key(), expected[i].key());
+    EXPECT_EQ(built[i].value().sizes(), expected[i].value().sizes()) << built[i].key();
+    EXPECT_LE(built[i].value().storage().nbytes(), sizeof(float)) << built[i].key() << ": a placeholder";
+    largest = std::max<uint64_t>(largest, expected[i].value().numel() * sizeof(float));
+  }
+  EXPECT_EQ(later->InitialValueScratchBytes(), largest);
+  EXPECT_THROW(later->InitialValue(1, at::empty({built[1].value().numel()})), std::logic_error) << "out of order";
+  for (size_t i = 0; i < built.size(); ++i) {
+    at::Tensor flat = at::empty({built[i].value().numel()});
+    later->InitialValue(i, flat);
+    EXPECT_TRUE(torch::equal(flat, expected[i].value().detach().reshape({-1}))) << built[i].key();
+  }
+  EXPECT_FALSE(later->deferred());
+  EXPECT_TRUE(torch::equal(torch::randn({4}), after_now)) << "the generator is where kNow leaves it";
+  EXPECT_THROW(later->InitialValue(0, at::empty({1})), std::logic_error) << "once each";
+}
+
 TEST(GptTest, RejectsSequencesLongerThanContext) {
   Gpt model(SmallConfig());
   torch::Tensor tokens = torch::zeros({1, 17}, torch::kLong);

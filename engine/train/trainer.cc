@@ -302,6 +302,14 @@ class ChunkedEngine : public StepEngine {
       index[item.key()] = static_cast<int>(params.size());
       params.push_back({item.key(), item.value(), Decays(item.value()), !IsTensorParallelShard(item.key())});
     }
+    // A model built without its values gets them straight in its chunks,
+    // one parameter at a time.
+    if (model_->deferred()) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].init = [gpt = model_.get(), i](at::Tensor flat) { gpt->InitialValue(i, flat); };
+        params[i].init_scratch_bytes = model_->InitialValueScratchBytes();
+      }
+    }
     auto of = [&](std::initializer_list<const char*> names) {
       std::vector<int> ids;
       for (const char* n : names) ids.push_back(index.at(n));
@@ -419,7 +427,10 @@ absl::Status Trainer::RunSteps() {
   Gpt model(nullptr);
   {
     HostAllocationScope host;
-    model = Gpt(model_config_, engine_.tensor);
+    // For the chunks, built block by block without its values (they are
+    // drawn into the chunks); whole for the plain loop.
+    model = Gpt(model_config_, engine_.tensor,
+                engine_.memory.has_value() ? GptImpl::ParameterInit::kDeferred : GptImpl::ParameterInit::kNow);
     model->train();
     if (data_ranks > 1) {
       model->SetBatchShare(options_.batch_size, engine_.data->rank() * (options_.batch_size / data_ranks));
@@ -609,7 +620,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameter
     Gpt gpt(nullptr);
     {
       HostAllocationScope host;
-      gpt = Gpt(model, &tensor);
+      gpt = Gpt(model, &tensor, GptImpl::ParameterInit::kDeferred);
     }
     ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
                      ChunkedEngine::Create(std::move(gpt), options, memory, device, {&tensor, nullptr}, &observer));

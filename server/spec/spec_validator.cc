@@ -520,9 +520,11 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
   std::vector<int64_t> numels;
   std::vector<int> groups;
+  int64_t largest = 0;
   for (const ParameterShape& shape : GptParameterShapes(config, tensor)) {
     numels.push_back(shape.numel);
     groups.push_back(shape.stage);
+    largest = std::max(largest, shape.numel);
   }
   // As the trainer asks the chunk manager: chunk_size, or a search over
   // multiples of the hidden size.
@@ -544,7 +546,10 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
     input.grad_bytes.push_back(SaturatingMul(elements, weight));
     input.optimizer_bytes.push_back(SaturatingMul(elements, optimizer));
   }
-  input.construction_bytes = SaturatingMul(RankParameters(spec), 4);
+  // The model is built without its values, which are drawn into the
+  // chunks a parameter at a time: what that takes is one parameter drawn
+  // whole in fp32 (a shard's tensor across the group, at most).
+  input.construction_bytes = SaturatingMul(SaturatingMul(static_cast<uint64_t>(largest), tensor), 4);
   input.masters_with_optimizer = mixed;
   return input;
 }
