@@ -5,7 +5,11 @@
 // --steps steps; the first is the warm-up. Reports the losses, the median
 // step time after the warm-up and where it went, the process's peak resident
 // memory, host and disk bytes for model data, and disk traffic per step
-// against the plan's prediction.
+// against the plan's prediction. The checkpoint after the last step but one
+// is streamed to --checkpoint_dir (the host budget has no room for a
+// snapshot), and a second run resumes from it and trains the last step
+// again: how long saving, verifying and restoring took, the peak memory
+// with them, and whether the last step came out bit for bit the same.
 //
 //   bazel run -c opt //bench:moonshot [-- --quick] [--disk_dir=DIR]
 //
@@ -18,7 +22,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -31,6 +37,9 @@
 #include "absl/strings/str_join.h"
 #include "bench/bench_output.h"
 #include "bench/sim_trial.h"
+#include "engine/checkpoint/async_writer.h"
+#include "engine/checkpoint/checkpoint_store.h"
+#include "engine/common/status_macros.h"
 #include "engine/common/host_info.h"
 #include "engine/model/gpt_config.h"
 
@@ -38,6 +47,9 @@ ABSL_FLAG(bool, quick, false, "A small GPT with a host budget below its model da
 ABSL_FLAG(int64_t, steps, 5, "Steps to train, the warm-up included.");
 ABSL_FLAG(std::string, disk_dir, "/var/tmp/ferry-moonshot", "Directory for the disk tier's chunk files.");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/moonshot.json).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Where the checkpoint after the last step but one is streamed and resumed from (default: a directory "
+          "beside the disk tier, removed at the end).");
 
 namespace ferry {
 namespace {
@@ -70,6 +82,12 @@ class Progress : public Collector {
     std::fflush(stdout);
   }
 };
+
+// A Markov chain over the first 1024 tokens: a model that learns which
+// tokens occur at all shows it within a few steps.
+std::unique_ptr<TokenSource> Data(const GptConfig& model) {
+  return std::make_unique<SyntheticSource>(std::min<int64_t>(model.vocab_size, 1024), 2, 1, 1);
+}
 
 std::string JsonList(const std::vector<double>& v) {
   return absl::StrCat("[", absl::StrJoin(v, ", ", [](std::string* out, double x) {
@@ -117,11 +135,25 @@ int Run() {
               memory.disk_dir.c_str());
   std::fflush(stdout);
 
+  // The checkpoint after the last step but one: streamed (the host budget
+  // has no room for a snapshot of the state) and then resumed from, for the
+  // last step again.
+  std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_dir);
+  const bool own_checkpoint_root = checkpoint_root.empty();
+  if (own_checkpoint_root) {
+    const std::string base = memory.disk_dir.empty() ? std::string("/tmp") : memory.disk_dir;
+    checkpoint_root = absl::StrCat(base, "/ferry-moonshot-checkpoint-", getpid());
+  }
+  CheckpointWriteResult saved;
+  bool streamed = false;
+  AsyncCheckpointWriter writer([&](const CheckpointContents& c) { return WriteCheckpoint(checkpoint_root, c, 1); },
+                               [&](const CheckpointWriteResult& r) { saved = r; });
+
   Progress observer;
   absl::Status status;
+  TrainOptions train;
   {
     SimulatedDevice device(device_bytes);
-    TrainOptions train;
     train.steps = steps;
     train.batch_size = 1;
     train.lr = quick ? 1e-3 : 6e-4;
@@ -131,13 +163,50 @@ int Run() {
     EngineOptions engine;
     engine.device = &device;
     engine.memory = memory;
-    // A Markov chain over the first 1024 tokens: a model that learns which
-    // tokens occur at all shows it within a few steps.
-    const int64_t data_vocab = std::min<int64_t>(model.vocab_size, 1024);
-    status = Trainer(model, train, engine, std::make_unique<SyntheticSource>(data_vocab, 2, 1, 1), &observer).Run();
+    engine.checkpoint_every_steps = steps - 1;
+    engine.on_checkpoint = [&](CheckpointContents c, double seconds) -> absl::Status {
+      if (c.step != steps - 1) return absl::OkStatus();
+      streamed = !c.produced.empty();
+      std::printf("  checkpoint of step %lld: %s\n", static_cast<long long>(c.step),
+                  streamed ? "streaming to disk" : "a snapshot in memory");
+      std::fflush(stdout);
+      RETURN_IF_ERROR(writer.Submit(std::move(c), seconds));
+      return writer.Wait();
+    };
+    status = Trainer(model, train, engine, Data(model), &observer).Run();
   }
   const uint64_t peak_rss = PeakResidentBytes();
   if (!status.ok()) std::printf("moonshot: training failed: %s\n", std::string(status.message()).c_str());
+
+  // Resume from it and train the last step again.
+  double load_seconds = 0, resume_seconds = 0;
+  absl::Status resume_status = status.ok() ? saved.status : status;
+  Collector resumed;
+  if (resume_status.ok()) {
+    const auto load_start = std::chrono::steady_clock::now();
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointAt(checkpoint_root, steps - 1);
+    load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    resume_status = loaded.status();
+    if (loaded.ok()) {
+      std::printf("  checkpoint verified in %.1f s; resuming\n", load_seconds);
+      std::fflush(stdout);
+      SimulatedDevice device(device_bytes);
+      EngineOptions engine;
+      engine.device = &device;
+      engine.memory = memory;
+      engine.resume = &loaded->contents;
+      const auto start = std::chrono::steady_clock::now();
+      resume_status = Trainer(model, train, engine, Data(model), &resumed).Run();
+      const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      resume_seconds = total - (resumed.reports.empty() ? 0 : resumed.reports.back().step_seconds);
+    }
+  }
+  if (!resume_status.ok()) std::printf("moonshot: resuming failed: %s\n", std::string(resume_status.message()).c_str());
+  const uint64_t peak_rss_with_resume = PeakResidentBytes();
+  if (own_checkpoint_root) std::filesystem::remove_all(checkpoint_root);
+  const bool resumed_same = resume_status.ok() && resumed.reports.size() == 1 && !observer.reports.empty() &&
+                            resumed.reports[0].loss == observer.reports.back().loss &&
+                            resumed.reports[0].grad_norm == observer.reports.back().grad_norm;
 
   const std::vector<StepReport>& r = observer.reports;
   std::vector<double> losses, seconds, compute, optimizer, disk, transfer;
@@ -179,6 +248,13 @@ int Run() {
               double(read) / kGiB, double(written) / kGiB, double(placement.planned_disk_read_bytes) / kGiB,
               double(placement.planned_disk_write_bytes) / kGiB);
   std::printf("%-34s %.2f\n", "capacity ratio 16 P / (D + H + K)", params * 16 / double(capacity));
+  std::printf("%-34s %s, %.2f GiB in %.1f s (training waited %.1f s)\n", "checkpoint of the last step but one",
+              streamed ? "streamed" : "snapshot", double(saved.bytes) / kGiB, saved.total_seconds,
+              saved.blocked_seconds);
+  std::printf("%-34s verified in %.1f s, restored (model built and state read) in %.1f s; last step %s\n",
+              "resume", load_seconds, resume_seconds,
+              resumed_same ? "bit for bit the same" : "DIFFERENT or not run");
+  std::printf("%-34s %.2f GiB\n", "peak RSS, with the resume", double(peak_rss_with_resume) / kGiB);
 
   std::string json = absl::StrCat(
       "{\n  \"model\": ", JsonString(quick ? "quick" : "gpt2-xl"), ",\n  \"params\": ",
@@ -199,7 +275,16 @@ int Run() {
       placement.planned_disk_read_bytes, ",\n  \"planned_disk_write_bytes_per_step\": ",
       placement.planned_disk_write_bytes, ",\n  \"capacity_ratio\": ",
       absl::StrFormat("%.3f", params * 16 / double(capacity)), ",\n  \"host_memory_bytes\": ",
-      HostMemoryTotalBytes(), ",\n  \"cpus\": ", HostCpuCount(), "\n}\n");
+      HostMemoryTotalBytes(), ",\n  \"cpus\": ", HostCpuCount(),
+      ",\n  \"checkpoint\": {\"step\": ", steps - 1, ", \"streamed\": ", streamed ? "true" : "false",
+      ", \"ok\": ", saved.status.ok() && status.ok() ? "true" : "false", ", \"bytes\": ", saved.bytes,
+      ", \"seconds\": ", absl::StrFormat("%.3f", saved.total_seconds), ", \"blocked_seconds\": ",
+      absl::StrFormat("%.3f", saved.blocked_seconds), "}",
+      ",\n  \"resume\": {\"ok\": ", resume_status.ok() ? "true" : "false", ", \"error\": ",
+      JsonString(std::string(resume_status.message())), ", \"verify_seconds\": ",
+      absl::StrFormat("%.3f", load_seconds), ", \"restore_seconds\": ", absl::StrFormat("%.3f", resume_seconds),
+      ", \"last_step_bitwise_equal\": ", resumed_same ? "true" : "false",
+      ", \"peak_rss_bytes\": ", peak_rss_with_resume, "}\n}\n");
   return WriteBenchResult(quick ? "moonshot_quick" : "moonshot", absl::GetFlag(FLAGS_out), json);
 }
 

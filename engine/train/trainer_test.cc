@@ -358,6 +358,20 @@ TEST(TrainerTest, AutoRecomputeCompletesWhereNoneRunsOutOfMemory) {
   EXPECT_EQ(automatic->observer.Losses(), ample_losses);
 }
 
+// The steps of a run resumed after step `from` are those of the
+// uninterrupted run from there, bit for bit.
+void ExpectSameSteps(const std::vector<StepReport>& uninterrupted, size_t from,
+                     const std::vector<StepReport>& resumed) {
+  ASSERT_EQ(from + resumed.size(), uninterrupted.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const StepReport& a = uninterrupted[from + i];
+    const StepReport& b = resumed[i];
+    EXPECT_EQ(b.step, a.step);
+    EXPECT_EQ(b.loss, a.loss) << "step " << a.step;
+    EXPECT_EQ(b.grad_norm, a.grad_norm) << "step " << a.step;
+  }
+}
+
 // A run stopped after a checkpoint and resumed from it continues exactly as
 // the uninterrupted run: every later loss and gradient norm bit for bit
 // (fp32 and bf16, dropout on, a budget that moves chunks).
@@ -396,14 +410,7 @@ TEST(TrainerTest, ResumingFromACheckpointIsTheSameTrainingBitForBit) {
       resumed->status = Trainer(ActivationHeavy(), o, engine, Chain(1), &resumed->observer).Run();
     }
     ASSERT_TRUE(resumed->status.ok()) << resumed->status;
-    ASSERT_EQ(resumed->observer.reports.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
-      const StepReport& a = run->observer.reports[6 + i];
-      const StepReport& b = resumed->observer.reports[i];
-      EXPECT_EQ(b.step, a.step);
-      EXPECT_EQ(b.loss, a.loss) << "step " << a.step;
-      EXPECT_EQ(b.grad_norm, a.grad_norm) << "step " << a.step;
-    }
+    ExpectSameSteps(run->observer.reports, 6, resumed->observer.reports);
 
     // A checkpoint of another model is refused with what differs.
     GptConfig other = ActivationHeavy();
@@ -465,14 +472,7 @@ TEST(TrainerTest, AStreamedCheckpointResumesIntoTheTiersBitForBit) {
     resumed->status = Trainer(ActivationHeavy(), o, engine, Chain(1), &resumed->observer).Run();
   }
   ASSERT_TRUE(resumed->status.ok()) << resumed->status;
-  ASSERT_EQ(resumed->observer.reports.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    const StepReport& a = run->observer.reports[3 + i];
-    const StepReport& b = resumed->observer.reports[i];
-    EXPECT_EQ(b.step, a.step);
-    EXPECT_EQ(b.loss, a.loss) << "step " << a.step;
-    EXPECT_EQ(b.grad_norm, a.grad_norm) << "step " << a.step;
-  }
+  ExpectSameSteps(run->observer.reports, 3, resumed->observer.reports);
 
   // A stored file changed after it was verified is caught as it is read.
   loaded = LoadCheckpointAt(root, 6);
