@@ -68,7 +68,9 @@ TEST(ChunkLayoutTest, SearchFindsTheSmallestSizeWithinTheChunkBudget) {
   EXPECT_GT(smaller->chunk_count(), 20);
   // Every block's tensors sit in chunks of their own block.
   for (size_t i = 1; i < numels.size(); ++i) {
-    if (groups[i] != groups[i - 1]) EXPECT_NE(layout->slots[i].chunk, layout->slots[i - 1].chunk) << i;
+    if (groups[i] != groups[i - 1]) {
+      EXPECT_NE(layout->slots[i].chunk, layout->slots[i - 1].chunk) << i;
+    }
   }
 }
 
