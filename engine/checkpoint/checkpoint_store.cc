@@ -65,29 +65,13 @@ absl::Status SyncFd(int fd, const std::string& path) {
   return fsync(fd) == 0 ? absl::OkStatus() : Errno("cannot sync", path);
 }
 
-// Writes `data` to the new file `name` in the directory `dir` (shown as
-// `path`) and syncs it. A name already there (a leftover, or anything else
-// put in the way) is removed first, never opened: no link is followed and no
-// FIFO waited on.
-absl::Status WriteSynced(int dir, const std::string& name, const std::string& path, const std::string& data) {
-  (void)unlinkat(dir, name.c_str(), 0);
-  UniqueFd fd(openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) return Errno("cannot create", path);
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd.get(), data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("cannot write", path);
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd.get()) != 0) return Errno("cannot sync", path);
-  return close(fd.Release()) == 0 ? absl::OkStatus() : Errno("cannot close", path);
-}
-
-// Writes the new file `name` in `dir` (shown as `path`) from `produce`, a
-// piece at a time, and syncs it; its size and CRC-32 into `file`.
+// Writes the new file `name` in the directory `dir` (shown as `path`) from
+// `produce`, a piece at a time, and syncs it; its size and CRC-32 into
+// `file` if given. A name already there (a leftover, or anything else put in
+// the way) is removed first, never opened: no link is followed and no FIFO
+// waited on.
 absl::Status WriteProduced(int dir, const std::string& name, const std::string& path, const FileProducer& produce,
-                           CheckpointManifest::File* file) {
+                           CheckpointManifest::File* file = nullptr) {
   (void)unlinkat(dir, name.c_str(), 0);
   UniqueFd fd(openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid()) return Errno("cannot create", path);
@@ -115,10 +99,19 @@ absl::Status WriteProduced(int dir, const std::string& name, const std::string& 
   if (absl::Status s = produce(sink); !s.ok()) return s;
   if (fsync(fd.get()) != 0) return Errno("cannot sync", path);
   (void)posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
-  file->name = name;
-  file->size = written;
-  file->crc32 = static_cast<uint32_t>(crc);
+  if (file != nullptr) {
+    file->name = name;
+    file->size = written;
+    file->crc32 = static_cast<uint32_t>(crc);
+  }
   return close(fd.Release()) == 0 ? absl::OkStatus() : Errno("cannot close", path);
+}
+
+// WriteProduced of the bytes `data`.
+absl::Status WriteSynced(int dir, const std::string& name, const std::string& path, const std::string& data,
+                         CheckpointManifest::File* file = nullptr) {
+  return WriteProduced(
+      dir, name, path, [&data](const ByteSink& sink) { return sink(data.data(), data.size()); }, file);
 }
 
 // Reads the regular file `name` in `dir`; a link, a FIFO or a device there
@@ -217,27 +210,42 @@ std::string Manifest(const CheckpointContents& c, const std::vector<CheckpointMa
   return m;
 }
 
-// Checks the open file `fd` (shown as `path`) against its manifest entry
-// without holding it: its size, then its CRC-32 read a piece at a time.
-absl::Status VerifyStored(int fd, const std::string& path, const CheckpointManifest::File& file) {
-  std::vector<char> buffer(4 << 20);
+// Opens the file `file` names in the checkpoint directory `dir` (shown as
+// `path`) and checks it against the manifest: a regular file (never a link
+// followed or a FIFO waited on) of its size, whose CRC-32, read a piece at a
+// time, is the manifest's. Its bytes into `held` if given. DATA_LOSS saying
+// what is wrong.
+absl::StatusOr<UniqueFd> OpenVerified(int dir, const CheckpointManifest::File& file, const std::string& path,
+                                      std::string* held) {
+  UniqueFd fd(openat(dir, file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  struct stat st;
+  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::DataLossError(absl::StrCat(file.name, ": missing"));
+  }
+  if (static_cast<uint64_t>(st.st_size) != file.size) {
+    return absl::DataLossError(
+        absl::StrCat(file.name, ": ", st.st_size, " bytes, the manifest says ", file.size, " (truncated?)"));
+  }
+  if (held != nullptr) held->resize(file.size);
+  std::vector<char> buffer(held != nullptr ? 0 : std::min<uint64_t>(file.size, 4 << 20));
   uLong crc = crc32(0L, Z_NULL, 0);
   uint64_t done = 0;
   while (done < file.size) {
-    const ssize_t n = pread(fd, buffer.data(), std::min<uint64_t>(buffer.size(), file.size - done),
-                            static_cast<off_t>(done));
+    char* into = held != nullptr ? held->data() + done : buffer.data();
+    const size_t want = held != nullptr ? file.size - done : std::min<uint64_t>(buffer.size(), file.size - done);
+    const ssize_t n = pread(fd.get(), into, want, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot read", path);
+    if (n < 0) return absl::DataLossError(absl::StrCat(file.name, ": cannot read: ", std::strerror(errno)));
     if (n == 0) return absl::DataLossError(absl::StrCat(file.name, ": shorter than the manifest's ", file.size, " bytes"));
-    crc = CrcUpdate(crc, buffer.data(), static_cast<size_t>(n));
+    crc = CrcUpdate(crc, into, static_cast<size_t>(n));
     done += static_cast<uint64_t>(n);
   }
-  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (held == nullptr) (void)posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (static_cast<uint32_t>(crc) != file.crc32) {
     return absl::DataLossError(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x", file.name,
                                                static_cast<uint32_t>(crc), file.crc32));
   }
-  return absl::OkStatus();
+  return fd;
 }
 
 // Reads and verifies one checkpoint directory; the error says what is wrong.
@@ -255,42 +263,25 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDir(int root_fd, const std::str
   c.step = manifest->step;
   c.meta = std::move(manifest->meta);
   for (const CheckpointManifest::File& file : manifest->files) {
-    const std::string path = dir + "/" + file.name;
-    if (file.size >= kHeldFileBytes) {
-      UniqueFd fd(openat(dir_fd.get(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-      struct stat st;
-      if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        return absl::DataLossError(absl::StrCat(file.name, ": missing"));
-      }
-      if (static_cast<uint64_t>(st.st_size) != file.size) {
-        return absl::DataLossError(absl::StrCat(file.name, ": ", st.st_size, " bytes, the manifest says ", file.size,
-                                                " (truncated?)"));
-      }
-      if (absl::Status s = VerifyStored(fd.get(), path, file); !s.ok()) return absl::DataLossError(s.message());
-      StoredFile stored;
-      stored.fd = std::shared_ptr<const int>(new int(fd.Release()), [](const int* p) {
-        close(*p);
-        delete p;
-      });
-      stored.path = path;
-      stored.size = file.size;
-      stored.crc32 = file.crc32;
-      c.stored[file.name] = std::move(stored);
+    // Small files are held; large ones stay on disk, verified, to be read
+    // in pieces.
+    const bool hold = file.size < kHeldFileBytes;
+    std::string bytes;
+    absl::StatusOr<UniqueFd> fd = OpenVerified(dir_fd.get(), file, dir + "/" + file.name, hold ? &bytes : nullptr);
+    if (!fd.ok()) return fd.status();
+    if (hold) {
+      c.files[file.name] = std::move(bytes);
       continue;
     }
-    absl::StatusOr<std::string> data = ReadFile(dir_fd.get(), file.name, path);
-    if (!data.ok()) return absl::DataLossError(absl::StrCat(file.name, ": missing"));
-    if (data->size() != file.size) {
-      return absl::DataLossError(absl::StrCat(file.name, ": ", data->size(),
-                                              " bytes, the manifest says ", file.size,
-                                              " (truncated?)"));
-    }
-    const uint32_t actual = Crc32(*data);
-    if (actual != file.crc32) {
-      return absl::DataLossError(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x",
-                                                 file.name, actual, file.crc32));
-    }
-    c.files[file.name] = *std::move(data);
+    StoredFile stored;
+    stored.fd = std::shared_ptr<const int>(new int(fd->Release()), [](const int* p) {
+      close(*p);
+      delete p;
+    });
+    stored.path = dir + "/" + file.name;
+    stored.size = file.size;
+    stored.crc32 = file.crc32;
+    c.stored[file.name] = std::move(stored);
   }
   return c;
 }
@@ -370,8 +361,9 @@ absl::Status WriteCheckpointIn(int root_fd, const std::string& root, const Check
     if (!IsPlainFileName(file)) {
       return fail(absl::InvalidArgumentError(absl::StrCat("checkpoint: bad file name '", file, "'")));
     }
-    if (absl::Status s = WriteSynced(tmp_fd.get(), file, tmp + "/" + file, data); !s.ok()) return fail(s);
-    written.push_back({file, data.size(), Crc32(data)});
+    CheckpointManifest::File entry;
+    if (absl::Status s = WriteSynced(tmp_fd.get(), file, tmp + "/" + file, data, &entry); !s.ok()) return fail(s);
+    written.push_back(std::move(entry));
   }
   for (const auto& [file, produce] : contents.produced) {
     if (!IsPlainFileName(file) || contents.files.count(file) > 0) {
