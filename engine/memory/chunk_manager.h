@@ -61,7 +61,8 @@ struct ManagedParam {
   // the parameter's chunk is filled. Called in the order of the parameters,
   // each once (chunks follow first use, which for a model is its order).
   std::function<void(at::Tensor flat)> init;
-  // With `init`: the host bytes a call takes while it runs.
+  // With `init`: the host bytes its call takes while it runs (the manager
+  // counts the largest against the host budget while it fills chunks).
   uint64_t init_scratch_bytes = 0;
 };
 

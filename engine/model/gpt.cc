@@ -215,6 +215,25 @@ GptImpl::GptImpl(const GptConfig& config, Communicator* tensor, ParameterInit in
   for (auto& item : named_parameters()) InitialValue(i++, item.value());
 }
 
+namespace {
+
+// How a parameter starts, by its name: constant (norms' weights 1, biases 0)
+// or drawn from N(0, std).
+struct Initialiser {
+  bool drawn = false;
+  double fill = 0;
+  double std = 0;
+};
+Initialiser InitialiserOf(const std::string& name, int64_t layers) {
+  const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  if (name.find("ln_") != std::string::npos) return {false, is_bias ? 0.0 : 1.0, 0};
+  if (is_bias) return {false, 0, 0};
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(layers));
+  return {true, 0, name.find("c_proj.weight") != std::string::npos ? residual_std : 0.02};
+}
+
+}  // namespace
+
 void GptImpl::InitialValue(size_t index, at::Tensor out) {
   if (index != next_initial_ || index >= pending_.size()) {
     throw std::logic_error(absl::StrCat("GptImpl::InitialValue: parameter ", index, " asked for, ",
@@ -224,31 +243,25 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
   ++next_initial_;
   const auto& [name, shape] = pending_[index];
   torch::NoGradGuard no_grad;
-  const double residual_std = 0.02 / std::sqrt(2.0 * double(config_.layers));
-  const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-  if (name.find("ln_") != std::string::npos) {
-    if (is_bias) out.zero_(); else out.fill_(1.0);
-  } else if (is_bias) {
-    out.zero_();
-  } else {
-    // Drawn whole, in the same order on every rank, whatever the group.
-    const double std = name.find("c_proj.weight") != std::string::npos ? residual_std : 0.02;
-    std::vector<int64_t> whole = shape;
-    const int dim = ShardedDim(name);
-    if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
-    out.copy_(PartOf(name, at::empty(whole).normal_(0.0, std, generator_), *tensor_).reshape(out.sizes()));
+  const Initialiser init = InitialiserOf(name, config_.layers);
+  if (!init.drawn) {
+    out.fill_(init.fill);
+    return;
   }
+  // Drawn whole, in the same order on every rank, whatever the group.
+  std::vector<int64_t> whole = shape;
+  const int dim = ShardedDim(name);
+  if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
+  out.copy_(PartOf(name, at::empty(whole).normal_(0.0, init.std, generator_), *tensor_).reshape(out.sizes()));
 }
 
-uint64_t GptImpl::InitialValueScratchBytes() const {
-  uint64_t largest = 0;
-  for (const auto& [name, shape] : pending_) {
-    uint64_t n = sizeof(float);
-    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-    if (ShardedDim(name) >= 0) n *= static_cast<uint64_t>(tensor_->size());
-    largest = std::max(largest, n);
-  }
-  return largest;
+uint64_t GptImpl::InitialValueScratchBytes(size_t index) const {
+  const auto& [name, shape] = pending_.at(index);
+  if (!InitialiserOf(name, config_.layers).drawn) return 0;
+  uint64_t n = sizeof(float);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  if (ShardedDim(name) >= 0) n *= static_cast<uint64_t>(tensor_->size());
+  return n;
 }
 
 at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor) {

@@ -128,9 +128,10 @@ class GptImpl : public torch::nn::Module {
   void InitialValue(size_t index, at::Tensor out);
   // Whether parameters are still waiting for InitialValue.
   bool deferred() const { return next_initial_ < pending_.size(); }
-  // The bytes the largest parameter's draw takes while InitialValue runs:
-  // the whole tensor across the tensor group, in fp32.
-  uint64_t InitialValueScratchBytes() const;
+  // The bytes InitialValue(index) takes while it runs: the parameter's
+  // whole tensor across the tensor group, in fp32, for a drawn one; 0 for
+  // one set to a constant.
+  uint64_t InitialValueScratchBytes(size_t index) const;
 
   // tokens: [batch, time] int64 with time <= seq_len -> logits
   // [batch, time, vocab_size / T] (this rank's part of the vocabulary).

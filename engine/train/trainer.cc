@@ -307,7 +307,7 @@ class ChunkedEngine : public StepEngine {
     if (model_->deferred()) {
       for (size_t i = 0; i < params.size(); ++i) {
         params[i].init = [gpt = model_.get(), i](at::Tensor flat) { gpt->InitialValue(i, flat); };
-        params[i].init_scratch_bytes = model_->InitialValueScratchBytes();
+        params[i].init_scratch_bytes = model_->InitialValueScratchBytes(i);
       }
     }
     auto of = [&](std::initializer_list<const char*> names) {
