@@ -9,16 +9,10 @@ RUNFILES="${TEST_SRCDIR:-$PWD}/ferry"
 source "$RUNFILES/tests/lib/ferryd.sh"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/restart.XXXXXX")"
 STATE="$WORK/state"
-DAEMON=""
 STARTS=0
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/ferryd.*.log; do echo "--- $f" >&2; tail -15 "$f" >&2; done
-  exit 1
-}
-cleanup() { [ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; }
-trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; show_logs 15 "$WORK"/ferryd.*.log; exit 1; }
+kill_ferryd_at_exit
 
 start_daemon() {
   STARTS=$((STARTS + 1))

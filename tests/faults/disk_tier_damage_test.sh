@@ -16,16 +16,8 @@ source "$RUNFILES/tests/lib/ferryd.sh"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/diskdamage.XXXXXX")"
 WORK="$(cd "$WORK" && pwd -P)"
 STATE="$WORK/state"
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK/ferryd.log" "$STATE"/jobs/*/worker.log; do
-    [ -f "$f" ] && { echo "--- $f" >&2; grep -v '^step' "$f" | tail -8 >&2; }
-  done
-  exit 1
-}
-
-DAEMON=""
-trap '[ -n "$DAEMON" ] && kill -9 $DAEMON 2>/dev/null; wait 2>/dev/null || true' EXIT
+fail() { echo "FAIL: $*" >&2; show_logs 8 "$WORK/ferryd.log" "$STATE"/jobs/*/worker.log; exit 1; }
+kill_ferryd_at_exit
 start_ferryd "$WORK/ferryd.log" --state_dir="$STATE" --allowed_roots="$WORK"
 
 # 8 of 21 chunks keep their optimizer states on disk; every step reads and

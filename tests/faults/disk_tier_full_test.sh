@@ -30,17 +30,9 @@ in_private_mounts "$SELF"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/diskfull.XXXXXX")"
 WORK="$(cd "$WORK" && pwd -P)"
 STATE="$WORK/state"
-DAEMON=""
 STARTS=0
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/ferryd.*.log "$STATE"/jobs/*/worker.log; do
-    [ -f "$f" ] && { echo "--- $f" >&2; grep -v '^step' "$f" | tail -8 >&2; }
-  done
-  exit 1
-}
-cleanup() { [ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; }
-trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; show_logs 8 "$WORK"/ferryd.*.log "$STATE"/jobs/*/worker.log; exit 1; }
+kill_ferryd_at_exit
 echo "in a private mount namespace: $FERRY_PRIVATE_MOUNTS"
 
 start_daemon() {

@@ -16,18 +16,10 @@ source "$RUNFILES/tests/lib/ferryd.sh"
 WORK="$(mktemp -d "${TEST_TMPDIR:-/tmp}/diskkill.XXXXXX")"
 WORK="$(cd "$WORK" && pwd -P)"
 STATE="$WORK/state"
-DAEMON=""
 STARTS=0
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/ferryd.*.log "$STATE"/jobs/*/worker.log; do
-    [ -f "$f" ] && { echo "--- $f" >&2; grep -v '^step' "$f" | tail -12 >&2; }
-  done
-  exit 1
-}
-cleanup() { [ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; }
-trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; show_logs 12 "$WORK"/ferryd.*.log "$STATE"/jobs/*/worker.log; exit 1; }
+kill_ferryd_at_exit
 command -v strace >/dev/null || fail "strace is missing (tools/install_deps.sh installs it)"
 
 start_daemon() {

@@ -37,14 +37,8 @@ WORK="$(cd "$WORK" && pwd -P)"
 ROOT="$WORK/root"
 OUT="$WORK/outside"
 mkdir -p "$ROOT" "$OUT"
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- ferryd log ---" >&2; tail -20 "$WORK/ferryd.log" >&2 || true
-  exit 1
-}
-
-DAEMON=""
-trap '[ -n "$DAEMON" ] && kill -9 $DAEMON 2>/dev/null; wait 2>/dev/null || true' EXIT
+fail() { echo "FAIL: $*" >&2; show_logs 20 "$WORK/ferryd.log"; exit 1; }
+kill_ferryd_at_exit
 start_ferryd "$WORK/ferryd.log" --state_dir="$WORK/state" --allowed_roots="$ROOT"
 
 expect_refusal() {  # expect_refusal TEXT -- ferry args...

@@ -42,3 +42,21 @@ start_ferryd() {
 get() { "$FERRY" get "$1" -o json | json "$2"; }
 # submit ARG...: `ferry submit ARG...`; prints the new job's id.
 submit() { "$FERRY" submit "$@" -o json | json "d['id']"; }
+
+# kill_ferryd_at_exit: when the test exits, the ferryd whose pid is in
+# DAEMON (none yet) is killed and what the test started is waited for.
+kill_ferryd_at_exit() {
+  DAEMON=""
+  trap '[ -n "$DAEMON" ] && kill -9 "$DAEMON" 2>/dev/null; wait 2>/dev/null || true' EXIT
+}
+
+# show_logs LINES FILE...: for fail(): the last LINES lines of each FILE
+# that exists, its step lines left out, on stderr.
+show_logs() {
+  local lines="$1" f
+  shift
+  for f in "$@"; do
+    [ -f "$f" ] && { echo "--- $f" >&2; grep -v '^step' "$f" | tail -"$lines" >&2; }
+  done
+  return 0
+}
