@@ -50,13 +50,6 @@ wait_end() {  # wait_end ID: until the job has ended
   done
   fail "job $1 did not end in 120 s"
 }
-wait_checkpoint() {  # wait_checkpoint ID STEP
-  for _ in $(seq 1 1200); do
-    [ "$(get "$1" "d.get('last_checkpoint', {}).get('step', 0)")" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  fail "no checkpoint of $1 at step $2 in 60 s"
-}
 small_fs() {  # small_fs DIR SIZE: a tmpfs of SIZE at DIR
   mkdir -p "$1"
   mount -t tmpfs -o "size=$2" tmpfs "$1" || fail "cannot mount a tmpfs at $1"
@@ -65,13 +58,6 @@ fill() {  # fill DIR [LEAVE_KIB]: fills DIR's file system, then leaves LEAVE_KIB
   dd if=/dev/zero of="$1/fill.$$.$RANDOM" bs=4k 2>/dev/null || true
   [ "${2:-0}" -gt 0 ] && truncate -s "-${2}K" "$(ls -t "$1"/fill.* | head -1)"
   echo "$1: $(df -k --output=avail "$1" | tail -1 | tr -d ' ') KiB free"
-}
-expect_refusal() {  # expect_refusal TEXT -- ferry args...
-  local text="$1"; shift 2
-  set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
-  [ "$rc" -eq 2 ] || fail "ferry $* exited $rc, not 2: $out"
-  grep -qF -- "$text" <<<"$out" || fail "ferry $* said '$out', which lacks '$text'"
-  echo "refused: $out"
 }
 job() {  # job FILE DISK_DIR [MORE_YAML]: 768 KiB of optimizer states on disk
   cat >"$1" <<YAML

@@ -33,13 +33,6 @@ wait_runs() {  # wait_runs ID N: until the Nth run of job ID has laid out its ch
   for _ in $(seq 1 1200); do [ "$(chunk_dirs "$1" | wc -l)" -ge "$2" ] && return 0; sleep 0.05; done
   fail "run $2 of $1 did not start in 60 s"
 }
-wait_checkpoint() {  # wait_checkpoint ID STEP: until the job's newest checkpoint is at STEP or later
-  for _ in $(seq 1 1200); do
-    [ "$(get "$1" "d.get('last_checkpoint', {}).get('step', 0)")" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  fail "no checkpoint at step $2 in 60 s"
-}
 
 # Static placement keeps every optimizer state off the device (ZeRO-Offload's
 # split), so each update reads and writes the disk-homed states whatever the

@@ -41,13 +41,6 @@ fail() { echo "FAIL: $*" >&2; show_logs 20 "$WORK/ferryd.log"; exit 1; }
 kill_ferryd_at_exit
 start_ferryd "$WORK/ferryd.log" --state_dir="$WORK/state" --allowed_roots="$ROOT"
 
-expect_refusal() {  # expect_refusal TEXT -- ferry args...
-  local text="$1"; shift 2
-  set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
-  [ "$rc" -eq 2 ] || fail "ferry $* exited $rc, not 2: $out"
-  grep -qF -- "$text" <<<"$out" || fail "ferry $* said '$out', which lacks '$text'"
-  echo "refused as expected: $out"
-}
 # A job whose model data does not fit its host budget: 8 of 21 chunks keep
 # their optimizer states on disk.
 job() {  # job FILE DISK_DIR [STEPS]

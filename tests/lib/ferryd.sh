@@ -60,3 +60,24 @@ show_logs() {
   done
   return 0
 }
+
+# expect_refusal TEXT -- ARG...: `ferry ARG...` must exit 2 (refused) with
+# TEXT in what it says; `out` holds what it said.
+expect_refusal() {
+  local text="$1" rc
+  shift 2
+  set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
+  [ "$rc" -eq 2 ] || fail "ferry $* exited $rc, not 2: $out"
+  grep -qF -- "$text" <<<"$out" || fail "ferry $* said '$out', which lacks '$text'"
+  echo "refused as expected: $out"
+}
+
+# wait_checkpoint ID STEP: until job ID's newest checkpoint is at STEP or
+# later (60 s at most).
+wait_checkpoint() {
+  for _ in $(seq 1 1200); do
+    [ "$(get "$1" "d.get('last_checkpoint', {}).get('step', 0)")" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  fail "no checkpoint of $1 at step $2 in 60 s"
+}

@@ -43,13 +43,6 @@ cp "$ROOT/t.bin" "$OUT/secret.bin"
 cp "$ROOT/t.bin" "$ROOT/swap.bin"
 mkdir "$ROOT/ckswap"
 
-expect_refusal() {  # expect_refusal TEXT -- ferry args...
-  local text="$1"; shift 2
-  set +e; out="$("$FERRY" "$@" 2>&1)"; rc=$?; set -e
-  [ "$rc" -eq 2 ] || fail "ferry $* exited $rc, not 2: $out"
-  grep -qF -- "$text" <<<"$out" || fail "ferry $* said '$out', which lacks '$text'"
-  echo "refused as expected: $out"
-}
 job() {  # job FILE YAML
   printf '%s\n' "$2" >"$1"
 }
