@@ -134,16 +134,6 @@ uint64_t SimulatedDeviceBytes(const JobSpec& spec, const MachineFacts& machine) 
   return spec.memory().device_budget() > 0 ? spec.memory().device_budget() : machine.host_memory_bytes / 4;
 }
 
-// Parameters one tensor-parallel rank holds.
-uint64_t RankParameters(const JobSpec& spec) {
-  const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
-  uint64_t params = 0;
-  for (const ParameterShape& shape : GptParameterShapes(ToGptConfig(spec.model()), tensor)) {
-    params = SaturatingAdd(params, static_cast<uint64_t>(std::max<int64_t>(shape.numel, 0)));
-  }
-  return params;
-}
-
 // True when the model is well formed.
 bool CheckModel(Problems& p, const ferry::v1::ModelSpec& m) {
   Problems local;
