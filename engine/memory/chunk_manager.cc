@@ -256,6 +256,10 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     std::vector<std::pair<Payload*, DiskStore::Ticket>> writing(m->store_.staging_count(), {nullptr, 0});
     int next_buffer = 0;
     for (Chunk& chunk : m->chunks_) {
+      if (options.values_from_checkpoint) {
+        m->TakeOver(chunk, params);
+        continue;
+      }
       Payload& p = chunk.payloads[static_cast<int>(PayloadKind::kParam)];
       Payload& o = chunk.payloads[static_cast<int>(PayloadKind::kOptimizer)];
       m->store_.EnsureHost(p);
@@ -292,16 +296,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
         if (o.home == Tier::kDisk) writing[static_cast<size_t>(o.staging)] = {&o, m->store_.StartStore(o)};
       }
       p.host_valid = true;
-      for (int i : chunk.tensors) {
-        ManagedTensor& t = m->tensors_[static_cast<size_t>(i)];
-        const std::vector<int64_t> shape = t.param.sizes().vec();
-        if (!params[static_cast<size_t>(i)].init) {
-          m->store_.AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
-        }
-        t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
-        t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
-        t.state = Transition(t.name, t.state, TensorState::kHold);
-      }
+      m->TakeOver(chunk, params);
     }
     for (auto& [o, ticket] : writing) {
       if (o != nullptr) m->store_.FinishStore(*o, ticket);
@@ -321,6 +316,19 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   m->backward_started_.assign(m->stages_.size(), false);
   m->backward_done_.assign(m->stages_.size(), false);
   return m;
+}
+
+void ChunkManager::TakeOver(const Chunk& chunk, const std::vector<ManagedParam>& params) {
+  for (int i : chunk.tensors) {
+    ManagedTensor& t = tensors_[static_cast<size_t>(i)];
+    const std::vector<int64_t> shape = t.param.sizes().vec();
+    if (!params[static_cast<size_t>(i)].init) {
+      store_.AddHostBytes(-static_cast<int64_t>(t.param.numel() * t.param.element_size()));
+    }
+    t.param.set_data(chunk.payloads[0].device.narrow(0, t.offset, t.numel).view(shape));
+    t.param.mutable_grad() = chunk.payloads[1].device.narrow(0, t.offset, t.numel).view(shape);
+    t.state = Transition(t.name, t.state, TensorState::kHold);
+  }
 }
 
 Payload& ChunkManager::payload(int chunk, PayloadKind kind) {

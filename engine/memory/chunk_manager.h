@@ -206,6 +206,10 @@ class ChunkManager {
   int cycle() const { return 2 * stage_count() + 1; }
   std::string PeriodName(int period) const;
 
+  // At construction: the chunk's parameters become views of its device
+  // copy (their gradients of the gradient chunk's), freeing what they were
+  // built in.
+  void TakeOver(const Chunk& chunk, const std::vector<ManagedParam>& params);
   Payload& payload(int chunk, PayloadKind kind);
   const Payload& payload(int chunk, PayloadKind kind) const;
 

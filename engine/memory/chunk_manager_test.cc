@@ -576,7 +576,9 @@ TEST(ChunkManagerTest, ReportedFetchesAreTheCopiesTheDeviceMade) {
     for (const PeriodReport& period : placement.trace) reported += period.fetches + period.prefetches;
     EXPECT_EQ(reported, device.copies_in - copies_before) << "step " << step;
     EXPECT_EQ(stats.host_to_device_bytes, device.bytes_in - bytes_before) << "step " << step;
-    if (step > 1) EXPECT_GT(device.copies_in - copies_before, 0) << "a tight budget moves chunks every step";
+    if (step > 1) {
+      EXPECT_GT(device.copies_in - copies_before, 0) << "a tight budget moves chunks every step";
+    }
   }
 }
 
@@ -666,7 +668,9 @@ TEST(ChunkManagerTest, DiskTierTrainingIsHostOnlyTrainingBitForBit) {
     // first in mixed precision, whose masters start there; fp32's states
     // start at the first update).
     for (size_t s = 0; s < disk.stats.size(); ++s) {
-      if (s > 0 || dtype != at::kFloat) EXPECT_GT(disk.stats[s].disk_to_host_bytes, 0u) << "step " << s + 1;
+      if (s > 0 || dtype != at::kFloat) {
+        EXPECT_GT(disk.stats[s].disk_to_host_bytes, 0u) << "step " << s + 1;
+      }
       EXPECT_GT(disk.stats[s].host_to_disk_bytes, 0u) << "step " << s + 1;
       EXPECT_GT(disk.stats[s].disk_chunks, 0) << "step " << s + 1;
       EXPECT_EQ(host.stats[s].disk_to_host_bytes + host.stats[s].host_to_disk_bytes, 0u);
@@ -714,6 +718,45 @@ TEST(ChunkManagerTest, ScratchFilesGoWithTheManager) {
   struct stat st;
   EXPECT_NE(::stat(scratch.c_str(), &st), 0) << scratch << " is removed";
   EXPECT_TRUE(FilesIn(dir).empty());
+}
+
+// A manager made for a resume fills no chunk (nothing drawn, copied or
+// written to the disk tier only to be replaced), and RestoreState gives it
+// the saved values exactly.
+TEST(ChunkManagerTest, AManagerMadeForARestoreHoldsNothingUntilItIsRestored) {
+  SimulatedDevice device(kAmple);
+  MemoryOptions options = OnDisk(TestDir("restore"));
+  options.policy = MemoryOptions::Policy::kStatic;
+  options.chunk_elements = kWideChunk;
+  OptimizerOptions optimizer;
+  optimizer.param_dtype = at::kBFloat16;
+  ToyModel saved_model(kWide, kWideExtra);
+  auto saved = ChunkManager::Create(&device, saved_model.Params(), saved_model.AllStages(), options, optimizer);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  std::string state;
+  ASSERT_TRUE((*saved)->SaveState([&](const void* data, size_t size) {
+    state.append(static_cast<const char*>(data), size);
+    return absl::OkStatus();
+  }).ok());
+  EXPECT_EQ(state.size(), (*saved)->StateBytes());
+
+  ToyModel restored_model(kWide, kWideExtra);
+  options.values_from_checkpoint = true;
+  auto restored =
+      ChunkManager::Create(&device, restored_model.Params(), restored_model.AllStages(), options, optimizer);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_LT((*restored)->host_model_bytes(), (*saved)->host_model_bytes()) << "no chunk's host copy is made";
+  size_t at = 0;
+  ASSERT_TRUE((*restored)->RestoreState(state.size(), [&](void* data, size_t size) {
+    std::memcpy(data, state.data() + at, size);
+    at += size;
+    return absl::OkStatus();
+  }).ok());
+  EXPECT_EQ(at, state.size());
+  const std::vector<at::Tensor> expected = (*saved)->ParameterValues();
+  const std::vector<at::Tensor> values = (*restored)->ParameterValues();
+  ASSERT_EQ(values.size(), expected.size());
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(torch::equal(values[i], expected[i])) << i;
 }
 
 TEST(ChunkManagerTest, ADamagedChunkFileFailsTheStepNamingIt) {

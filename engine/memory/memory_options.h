@@ -49,6 +49,10 @@ struct MemoryOptions {
   enum class Recompute { kNone, kAll, kEvery, kAuto };
   Recompute recompute = Recompute::kAuto;
   int recompute_every = 2;
+  // The chunks' values come from RestoreState before the first step (a
+  // resume): the manager fills no chunk when it is made -- no initial value
+  // is drawn or copied, none written to the disk tier only to be replaced.
+  bool values_from_checkpoint = false;
 };
 
 inline const char* PolicyName(MemoryOptions::Policy policy) {

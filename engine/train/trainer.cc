@@ -438,7 +438,9 @@ absl::Status Trainer::RunSteps() {
   }
   std::unique_ptr<StepEngine> engine;
   if (engine_.memory.has_value()) {
-    ASSIGN_OR_RETURN(engine, ChunkedEngine::Create(std::move(model), options_, *engine_.memory, device,
+    MemoryOptions memory = *engine_.memory;
+    memory.values_from_checkpoint = engine_.resume != nullptr;
+    ASSIGN_OR_RETURN(engine, ChunkedEngine::Create(std::move(model), options_, memory, device,
                                                    {engine_.tensor, engine_.data}, observer_));
   } else {
     if (options_.precision != TrainOptions::Precision::kFp32) {
@@ -614,16 +616,18 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameter
   RETURN_IF_ERROR(CallTorch("restoring a checkpoint's parameters", [&]() -> absl::Status {
     PlaceOnlyCommunicator tensor(tensor_rank, tensor_ranks);
     SilentObserver observer;
-    // Built as training builds it (the initial values are overwritten), so
-    // that its parameters pack into the same chunks.
+    // Built as training builds it, so that its parameters pack into the
+    // same chunks; their values come from the checkpoint alone.
     CpuGeneratorScope generator(at::make_generator<at::CPUGeneratorImpl>(options.seed));
     Gpt gpt(nullptr);
     {
       HostAllocationScope host;
       gpt = Gpt(model, &tensor, GptImpl::ParameterInit::kDeferred);
     }
+    MemoryOptions restoring = memory;
+    restoring.values_from_checkpoint = true;
     ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
-                     ChunkedEngine::Create(std::move(gpt), options, memory, device, {&tensor, nullptr}, &observer));
+                     ChunkedEngine::Create(std::move(gpt), options, restoring, device, {&tensor, nullptr}, &observer));
     RETURN_IF_ERROR(engine->RestoreState(absl::StrCat("rank", world_rank, "."), checkpoint));
     named = engine->NamedParameterValues();
     return absl::OkStatus();
