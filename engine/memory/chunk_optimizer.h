@@ -1,0 +1,72 @@
+#pragma once
+
+// AdamW over whole chunks, each where its optimizer states live: on the
+// device for chunks the plan homes there, with the CPU kernel (cpu_adam.h)
+// on the host side otherwise -- for states on disk through the staging
+// buffers as a pipeline: while chunk k is updated, chunk k+1's states are
+// being read and chunk k-1's written.
+//
+// Not thread-safe: one training loop drives it (the CPU kernel and the disk
+// store use threads of their own).
+
+#include <cstdint>
+
+#include "engine/memory/chunk_table.h"
+#include "engine/memory/memory_device.h"
+#include "engine/memory/payload_mover.h"
+#include "engine/memory/payload_store.h"
+#include "engine/optim/cpu_adam.h"
+
+namespace ferry {
+
+// Hyper-parameters of the optimizer that do not change over training, and
+// the precision of the weights the model computes with.
+struct OptimizerOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  // kFloat, or kHalf / kBFloat16 for mixed precision: weights and gradients
+  // in that type, fp32 master weights kept with the optimizer states.
+  c10::ScalarType param_dtype = c10::kFloat;
+};
+
+struct OptimizerResult {
+  // The global gradient norm before clipping (unscaled).
+  double grad_norm = 0;
+  // The gradients overflowed: nothing was updated.
+  bool skipped = false;
+};
+
+class ChunkOptimizer {
+ public:
+  // Every pointer must outlive the optimizer.
+  ChunkOptimizer(MemoryDevice* device, PayloadStore* store, ChunkTable* table, PayloadMover* mover,
+                 const OptimizerOptions& options);
+
+  // One update of every chunk, its gradients (reduced, where the chunk's
+  // optimizer runs) scaled by `loss_scale` with squared norm `sq_norm`:
+  // unscaled, clipped to `max_grad_norm` (0: no clipping) and applied with
+  // learning rate `lr`; `step` is the 1-based count of applied updates. An
+  // inf or NaN norm skips the update: no weight or state changes, and the
+  // gradients are dropped.
+  OptimizerResult Step(int64_t step, double lr, double max_grad_norm, double loss_scale, double sq_norm);
+
+  bool mixed() const { return options_.param_dtype != c10::kFloat; }
+  const OptimizerOptions& options() const { return options_; }
+
+ private:
+  void UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper);
+  // The CPU kernel over the chunk's device copies (the simulated device is
+  // CPU memory) or its host-side ones.
+  void UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper);
+
+  MemoryDevice* device_;
+  PayloadStore* store_;
+  ChunkTable* table_;
+  PayloadMover* mover_;
+  OptimizerOptions options_;
+  SimdPath simd_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,48 @@
+#pragma once
+
+// A chunk's gradients once its backward is complete: averaged over the data
+// group (in the background, while the backward goes on), their squared norm
+// summed for clipping and the overflow check, and sent where the chunk's
+// optimizer runs (kept on the device for a chunk updated there).
+//
+// Not thread-safe: one training loop drives it.
+
+#include <memory>
+
+#include "engine/memory/chunk_table.h"
+#include "engine/memory/payload_mover.h"
+#include "engine/parallel/communicator.h"
+
+namespace ferry {
+
+class GradientReducer {
+ public:
+  // Every pointer must outlive the reducer; null groups are groups of one.
+  GradientReducer(ChunkTable* table, PayloadMover* mover, Communicator* tensor_group, Communicator* data_group)
+      : table_(table), mover_(mover), tensor_(tensor_group), data_(data_group) {}
+
+  // A new step: no gradient reduced yet.
+  void BeginStep() { sq_sum_ = 0; }
+  // The chunk's gradients are complete.
+  void Reduce(Chunk& chunk);
+  // Waits for the all-reduce in flight, if any, and completes its chunk.
+  void Finish();
+  // After every chunk is reduced: the squared norm of all the gradients
+  // (scaled by the loss scale), summed over the tensor group; inf or NaN
+  // when any overflowed.
+  double SquaredNorm();
+
+ private:
+  void Complete(Chunk& chunk);
+
+  ChunkTable* table_;
+  PayloadMover* mover_;
+  Communicator* tensor_;
+  Communicator* data_;
+  double sq_sum_ = 0;
+  // The chunk whose data-parallel all-reduce is in flight.
+  Chunk* pending_chunk_ = nullptr;
+  std::unique_ptr<PendingCollective> pending_;
+};
+
+}  // namespace ferry

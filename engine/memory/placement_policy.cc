@@ -1,0 +1,229 @@
+#include "engine/memory/placement_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/memory/eviction.h"
+
+namespace ferry {
+namespace {
+
+std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20)); }
+
+}  // namespace
+
+PlacementPolicy::PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
+                                 StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision)
+    : device_(device),
+      table_(table),
+      tracer_(tracer),
+      mover_(mover),
+      stats_(stats),
+      options_(options),
+      mixed_(mixed_precision) {
+  plan_.classes.assign(table_->chunks.size(), ChunkClass::kStreamed);
+  Apply();
+  applied_ = false;
+}
+
+std::vector<Payload*> PlacementPolicy::Needed(int period) {
+  std::vector<Payload*> needed;
+  if (period == table_->OptimizerPeriod()) {
+    for (Chunk& chunk : table_->chunks) {
+      if (!chunk.device_homed()) continue;
+      for (Payload& p : chunk.payloads) needed.push_back(&p);
+    }
+    return needed;
+  }
+  const bool backward = table_->IsBackward(period);
+  for (int c : table_->period_chunks[static_cast<size_t>(period)]) {
+    needed.push_back(&table_->payload(c, PayloadKind::kParam));
+    if (backward) needed.push_back(&table_->payload(c, PayloadKind::kGrad));
+  }
+  return needed;
+}
+
+void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep) {
+  // Room for the period's predicted non-model memory too, even when its
+  // chunks are all here already: chunks kept from earlier periods must not
+  // crowd out the activations.
+  if (!adaptive()) return;
+  const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
+  const double in_use = double(tracer_->Predicted(period)) + double(table_->DeviceModelBytes());
+  if (in_use + double(bytes) <= limit) return;
+  const uint64_t short_by = static_cast<uint64_t>(in_use + double(bytes) - limit);
+  std::vector<EvictionCandidate> candidates;
+  std::vector<Payload*> handles;
+  for (Chunk& chunk : table_->chunks) {
+    for (Payload& p : chunk.payloads) {
+      if (!p.resident || p.pinned || std::find(keep.begin(), keep.end(), &p) != keep.end()) continue;
+      EvictionCandidate c;
+      c.id = static_cast<int>(handles.size());
+      c.bytes = p.bytes;
+      c.next_use_distance = NextUseDistance(p.uses, period, table_->cycle());
+      c.dead = !p.device_valid || !table_->Preserve(p);
+      c.clean = c.dead || p.host_valid || p.disk_valid;
+      candidates.push_back(c);
+      handles.push_back(&p);
+    }
+  }
+  for (int victim : ChooseVictims(std::move(candidates), short_by)) {
+    Payload& p = *handles[static_cast<size_t>(victim)];
+    mover_->Evict(p, table_->Preserve(p));
+    ++stats_->evictions;
+    tracer_->CountEviction(period);
+  }
+}
+
+void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
+  uint64_t to_allocate = 0;
+  for (const Payload* p : needed) {
+    if (!p->resident) to_allocate += p->bytes;
+  }
+  MakeRoom(to_allocate, period, needed);
+  for (Payload* p : needed) mover_->Fetch(*p, /*prefetch=*/false);
+  device_->ComputeWaitsForTransfers();
+  Prefetch(period);
+}
+
+void PlacementPolicy::Prefetch(int period) {
+  if (!adaptive() || !options_.prefetch) return;
+  const int next = (period + 1) % table_->cycle();
+  const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
+  double room = limit - double(std::max(tracer_->Predicted(period), tracer_->Predicted(next))) -
+                double(table_->DeviceModelBytes());
+  for (Payload* p : Needed(next)) {
+    // Only what has a host copy to bring: gradients start on the device.
+    if (p->resident || !p->host_valid || p->kind == PayloadKind::kGrad) continue;
+    if (double(p->bytes) > room) continue;
+    mover_->Fetch(*p, /*prefetch=*/true);
+    room -= double(p->bytes);
+  }
+}
+
+void PlacementPolicy::ReleaseAfterPeriod(int period) {
+  // Warm-up keeps only what the current period needs, so that the trace
+  // measures non-model memory with room to spare; static streams the chunks
+  // it does not pin. Auto keeps everything until room is short.
+  if (adaptive()) return;
+  for (int c : table_->period_chunks[static_cast<size_t>(period)]) {
+    Payload& p = table_->payload(c, PayloadKind::kParam);
+    if (!p.pinned) mover_->Evict(p, table_->Preserve(p));
+  }
+}
+
+PlanInput PlacementPolicy::MakePlanInput() const {
+  PlanInput in;
+  const double margin = options_.policy == MemoryOptions::Policy::kAuto ? options_.margin : 0.0;
+  in.limit_bytes = static_cast<uint64_t>(double(device_->capacity_bytes()) * (1.0 - margin));
+  in.non_model_bytes = tracer_->warmup_trace();
+  in.period_chunks = table_->period_chunks;
+  in.forward_periods = table_->stage_count();
+  in.backward_periods = table_->stage_count();
+  const bool cpu_update = device_->compute_device().is_cpu();
+  for (const Chunk& chunk : table_->chunks) {
+    in.param_bytes.push_back(chunk.payload(PayloadKind::kParam).bytes);
+    in.grad_bytes.push_back(chunk.payload(PayloadKind::kGrad).bytes);
+    in.optimizer_bytes.push_back(chunk.payload(PayloadKind::kOptimizer).bytes);
+    // A device-side update with LibTorch ops allocates the denominator
+    // (fp32) and, in mixed precision, fp32 gradients; the simulated device
+    // runs the CPU kernel in place.
+    const uint64_t fp32 = static_cast<uint64_t>(chunk.capacity) * 4;
+    in.update_temp_bytes.push_back(cpu_update ? 0 : mixed_ ? 2 * fp32 : fp32);
+  }
+  return in;
+}
+
+Plan PlacementPolicy::PlanFor(const PlanInput& in) const {
+  return options_.policy == MemoryOptions::Policy::kStatic
+             ? PlanStatic(in, options_.static_param_host_fraction, options_.static_optimizer_host_fraction)
+             : PlanAuto(in);
+}
+
+absl::Status PlacementPolicy::PlanAfterWarmup() {
+  PlanInput in = MakePlanInput();
+  tracer_->ChooseRecompute([&](const std::vector<uint64_t>& trace) {
+    PlanInput at = in;
+    at.non_model_bytes = trace;
+    return PlanFor(at).feasible;
+  });
+  in.non_model_bytes = tracer_->predicted();
+  plan_ = PlanFor(in);
+  // Static keeps to its split even where the trace says it will not fit: it
+  // then fails with the device's own out-of-memory error.
+  if (plan_.feasible || options_.policy == MemoryOptions::Policy::kStatic) return absl::OkStatus();
+  const int p = plan_.binding_period;
+  const uint64_t need = plan_.need_bytes[static_cast<size_t>(p)];
+  const uint64_t activations = in.non_model_bytes[static_cast<size_t>(p)];
+  const size_t largest = static_cast<size_t>(
+      std::max_element(in.non_model_bytes.begin(), in.non_model_bytes.end()) - in.non_model_bytes.begin());
+  const std::vector<bool>& recompute = tracer_->recompute();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "memory: the step does not fit the device even with every chunk streamed: period '",
+      table_->PeriodName(p, recompute), "' needs ", Mib(need), " (", Mib(activations),
+      " of activations and workspace, ", Mib(need - activations),
+      " of its chunks' parameters and gradients) but the device has ", Mib(in.limit_bytes), " (",
+      Mib(device_->capacity_bytes()), " less a ", options_.margin * 100, "% margin); the largest non-model period is '",
+      table_->PeriodName(static_cast<int>(largest), recompute), "' with ", Mib(in.non_model_bytes[largest]),
+      ". Use a smaller train.batch_size or model.seq_len, ",
+      options_.recompute == MemoryOptions::Recompute::kAll || options_.recompute == MemoryOptions::Recompute::kAuto
+          ? ""
+          : "recompute activations (memory.recompute: auto), ",
+      "or raise memory.device_budget"));
+}
+
+void PlacementPolicy::Apply() {
+  const int optimizer = table_->OptimizerPeriod();
+  for (size_t c = 0; c < table_->chunks.size(); ++c) {
+    Chunk& chunk = table_->chunks[c];
+    chunk.chunk_class = plan_.classes[c];
+    const bool homed = chunk.device_homed();
+    std::vector<int> stage_periods;
+    for (int s = 0; s < table_->stage_count(); ++s) {
+      const auto& used = table_->stage_chunks[static_cast<size_t>(s)];
+      if (std::find(used.begin(), used.end(), static_cast<int>(c)) != used.end()) {
+        stage_periods.push_back(table_->ForwardPeriod(s));
+        stage_periods.push_back(table_->BackwardPeriod(s));
+      }
+    }
+    std::sort(stage_periods.begin(), stage_periods.end());
+    Payload& p = chunk.payload(PayloadKind::kParam);
+    Payload& g = chunk.payload(PayloadKind::kGrad);
+    Payload& o = chunk.payload(PayloadKind::kOptimizer);
+    p.uses = stage_periods;
+    g.uses.clear();
+    for (int period : stage_periods) {
+      if (table_->IsBackward(period)) g.uses.push_back(period);
+    }
+    o.uses.clear();
+    if (homed) {
+      p.uses.push_back(optimizer);
+      g.uses.push_back(optimizer);
+      o.uses.push_back(optimizer);
+    }
+    p.pinned = chunk.chunk_class != ChunkClass::kStreamed;
+    o.pinned = homed;
+    g.pinned = false;
+  }
+  applied_ = true;
+}
+
+void PlacementPolicy::BeginStep(bool new_shape) {
+  if (new_shape) {
+    // Back to the warm-up's placement: every chunk's optimizer on the host.
+    for (Chunk& chunk : table_->chunks) {
+      for (Payload& p : chunk.payloads) {
+        p.pinned = false;
+        mover_->Evict(p, table_->Preserve(p));
+      }
+    }
+    plan_.classes.assign(table_->chunks.size(), ChunkClass::kStreamed);
+    Apply();
+    applied_ = false;
+  } else if (!applied_) {
+    Apply();
+  }
+}
+
+}  // namespace ferry

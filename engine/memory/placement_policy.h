@@ -1,0 +1,81 @@
+#pragma once
+
+// The placement policy at run time: plans where every chunk lives once a
+// warm-up has traced the step (placement_plan.h does the arithmetic), and in
+// every period brings the chunks the period needs to the device, making room
+// by evicting the payload whose next use is farthest (eviction.h), and
+// prefetching the next period's chunks when room allows.
+//
+// static keeps fixed fractions of the chunks on the device; auto plans from
+// the trace. During a warm-up every chunk streams: fetched for the period
+// that needs it and released right after, so the trace measures non-model
+// memory with room to spare.
+//
+// Not thread-safe: one training loop drives it.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/memory/chunk_table.h"
+#include "engine/memory/memory_device.h"
+#include "engine/memory/memory_options.h"
+#include "engine/memory/payload_mover.h"
+#include "engine/memory/period_tracer.h"
+#include "engine/memory/placement_plan.h"
+
+namespace ferry {
+
+class PlacementPolicy {
+ public:
+  // Every pointer must outlive the policy. `device_update_temps`: an update
+  // on the device allocates temporaries (LibTorch ops on a GPU), which the
+  // plan must leave room for.
+  PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
+                  StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision);
+
+  // The payloads `period` computes with: its chunks' parameters, and in a
+  // backward period their gradients; in the optimizer period, everything of
+  // the chunks updated on the device.
+  std::vector<Payload*> Needed(int period);
+  // Before `period`: makes room and brings `needed` to the device (compute
+  // then waits for the copies), then prefetches the next period's chunks.
+  void Prepare(int period, const std::vector<Payload*>& needed);
+  // After `period`: in a warm-up, and under static for the chunks it does
+  // not pin, the period's parameters leave the device.
+  void ReleaseAfterPeriod(int period);
+
+  // The plan made after a warm-up, applied from the next step on. Auto also
+  // chooses the stages that recompute (with the tracer). RESOURCE_EXHAUSTED,
+  // with the numbers and what to change, when no placement fits the device.
+  absl::Status PlanAfterWarmup();
+  // Starts a step: a new batch shape goes back to the warm-up's placement
+  // (`new_shape`), else a plan made and not yet applied takes effect.
+  void BeginStep(bool new_shape);
+  // Whether a plan made after a warm-up is in effect.
+  bool applied() const { return applied_; }
+  const Plan& plan() const { return plan_; }
+  // What the planner is given: device bytes it may fill, the trace and the
+  // chunks' sizes.
+  PlanInput MakePlanInput() const;
+
+ private:
+  void MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep);
+  void Prefetch(int period);
+  Plan PlanFor(const PlanInput& in) const;
+  void Apply();
+  bool adaptive() const { return !tracer_->warmup() && options_.policy == MemoryOptions::Policy::kAuto; }
+
+  MemoryDevice* device_;
+  ChunkTable* table_;
+  PeriodTracer* tracer_;
+  PayloadMover* mover_;
+  StepMemoryStats* stats_;
+  MemoryOptions options_;
+  bool mixed_;
+  Plan plan_;
+  bool applied_ = false;
+};
+
+}  // namespace ferry
