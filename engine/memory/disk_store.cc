@@ -126,11 +126,11 @@ struct ChunkFile {
   UniqueFd fd;
 };
 
-// What the store knows of a file's contents.
+// What the store knows of a file's contents, block by block.
+enum class BlockState : uint8_t { kNeverWritten, kWritten, kWriteFailed };
 struct Contents {
-  enum class State { kNeverWritten, kWritten, kWriteFailed };
-  State state = State::kNeverWritten;
-  uint32_t crc = 0;
+  std::vector<BlockState> state;
+  std::vector<uint32_t> crc;
 };
 
 struct Request {
@@ -139,16 +139,22 @@ struct Request {
   // Null for a request that failed before any I/O (done at once).
   const ChunkFile* chunk = nullptr;
   char* buffer = nullptr;
+  // The range of the file, its first block, and its pieces.
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t first_block = 0;
   uint64_t piece_bytes = 0;
   int pieces = 0;
-  // Reads: the checksum of the last write completed when the read was queued.
-  uint32_t expected_crc = 0;
+  // Reads: the checksums of the blocks' last writes completed when the read
+  // was queued.
+  std::vector<uint32_t> expected_crc;
   Clock::time_point queued;
 
   // The rest is guarded by Impl::mu_.
   int next_piece = 0;
   int pieces_done = 0;
-  std::vector<uint32_t> piece_crc;
+  // Per block of the range: the checksum of what was written or read.
+  std::vector<uint32_t> block_crc;
   // The error of the lowest-numbered failed piece: the one a sequential
   // transfer would have met first.
   int failed_piece = INT_MAX;
@@ -189,7 +195,8 @@ class DiskStore::Impl {
         scratch_(std::move(scratch)),
         direct_io_(buffered_reason.empty()),
         buffered_reason_(std::move(buffered_reason)),
-        piece_bytes_(std::max(kDiskAlignment, options.piece_bytes / kDiskAlignment * kDiskAlignment)) {
+        block_bytes_(std::max(kDiskAlignment, options.block_bytes / kDiskAlignment * kDiskAlignment)),
+        piece_bytes_(std::max(block_bytes_, (options.piece_bytes + block_bytes_ - 1) / block_bytes_ * block_bytes_)) {
     threads_.reserve(static_cast<size_t>(options.io_threads));
     for (int i = 0; i < options.io_threads; ++i) threads_.emplace_back([this] { Work(); });
   }
@@ -240,11 +247,15 @@ class DiskStore::Impl {
     file->bytes = aligned;
     file->fd = *std::move(fd);
     files_.push_back(std::move(file));
-    contents_.emplace_back();
+    Contents& contents = contents_.emplace_back();
+    const uint64_t blocks = (aligned + block_bytes_ - 1) / block_bytes_;
+    contents.state.assign(blocks, BlockState::kNeverWritten);
+    contents.crc.assign(blocks, 0);
     return static_cast<int>(files_.size() - 1);
   }
 
-  Ticket Queue(bool write, int file, void* buffer) {
+  // A whole file: `bytes` is UINT64_MAX.
+  Ticket Queue(bool write, int file, uint64_t offset, uint64_t bytes, void* buffer) {
     absl::MutexLock lock(&mu_);
     const Ticket ticket = next_ticket_++;
     auto request = std::make_unique<Request>();
@@ -261,28 +272,44 @@ class DiskStore::Impl {
       return ticket;
     }
     const ChunkFile& chunk = *files_[static_cast<size_t>(file)];
+    if (bytes == UINT64_MAX) bytes = chunk.bytes;
     if (reinterpret_cast<uintptr_t>(buffer) % kDiskAlignment != 0) {
       r->status = absl::InvalidArgumentError(absl::StrCat("DiskStore: the buffer for chunk file ", chunk.path,
                                                           " is not aligned to ", kDiskAlignment, " bytes"));
       r->done = true;
       return ticket;
     }
+    if (offset % block_bytes_ != 0 || offset > chunk.bytes || bytes > chunk.bytes - offset ||
+        (bytes % block_bytes_ != 0 && offset + bytes != chunk.bytes)) {
+      r->status = absl::InvalidArgumentError(absl::StrCat(
+          "DiskStore: ", bytes, " bytes at offset ", offset, " of chunk file ", chunk.path, " (", chunk.bytes,
+          " bytes) are not whole blocks of ", block_bytes_, " bytes within it"));
+      r->done = true;
+      return ticket;
+    }
+    r->offset = offset;
+    r->bytes = bytes;
+    r->first_block = offset / block_bytes_;
+    const uint64_t blocks = (bytes + block_bytes_ - 1) / block_bytes_;
     if (!write) {
       const Contents& contents = contents_[static_cast<size_t>(file)];
-      if (contents.state != Contents::State::kWritten) {
-        r->status = absl::FailedPreconditionError(absl::StrCat(
-            "DiskStore: read of chunk file ", chunk.path,
-            contents.state == Contents::State::kNeverWritten ? ", which was never written"
+      for (uint64_t b = r->first_block; b < r->first_block + blocks; ++b) {
+        if (contents.state[b] != BlockState::kWritten) {
+          r->status = absl::FailedPreconditionError(absl::StrCat(
+              "DiskStore: read of chunk file ", chunk.path, " at offset ", b * block_bytes_,
+              contents.state[b] == BlockState::kNeverWritten ? ", which was never written"
                                                              : ", whose last write failed"));
-        r->done = true;
-        return ticket;
+          r->done = true;
+          return ticket;
+        }
       }
-      r->expected_crc = contents.crc;
+      r->expected_crc.assign(contents.crc.begin() + static_cast<ptrdiff_t>(r->first_block),
+                             contents.crc.begin() + static_cast<ptrdiff_t>(r->first_block + blocks));
     }
     r->chunk = &chunk;
     r->piece_bytes = piece_bytes_;
-    r->pieces = static_cast<int>((chunk.bytes + piece_bytes_ - 1) / piece_bytes_);
-    r->piece_crc.assign(static_cast<size_t>(r->pieces), 0);
+    r->pieces = static_cast<int>((bytes + piece_bytes_ - 1) / piece_bytes_);
+    r->block_crc.assign(blocks, 0);
     if (r->pieces == 0) {
       Complete(*r);
     } else {
@@ -324,7 +351,14 @@ class DiskStore::Impl {
     absl::MutexLock lock(&mu_);
     if (file < 0 || static_cast<size_t>(file) >= contents_.size()) return 0;
     const Contents& contents = contents_[static_cast<size_t>(file)];
-    return contents.state == Contents::State::kWritten ? contents.crc : 0;
+    const uint64_t size = files_[static_cast<size_t>(file)]->bytes;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t b = 0; b < contents.crc.size(); ++b) {
+      if (contents.state[b] != BlockState::kWritten) return 0;
+      const uint64_t length = std::min(block_bytes_, size - b * block_bytes_);
+      crc = crc32_combine(crc, contents.crc[b], static_cast<z_off_t>(length));
+    }
+    return static_cast<uint32_t>(crc);
   }
   const std::string& scratch_dir() const { return scratch_; }
   uint64_t used_bytes() const {
@@ -387,12 +421,12 @@ class DiskStore::Impl {
         piece = r->next_piece++;
         if (r->next_piece == r->pieces) queue_.pop_front();
       }
-      uint32_t crc = 0;
+      // The piece's blocks' checksums go straight into the request: each
+      // piece has blocks of its own.
       double checksum_seconds = 0;
-      absl::Status status = Transfer(*r, piece, &crc, &checksum_seconds);
+      absl::Status status = Transfer(*r, piece, &checksum_seconds);
       absl::MutexLock lock(&mu_);
       stats_.checksum_seconds += checksum_seconds;
-      r->piece_crc[static_cast<size_t>(piece)] = crc;
       if (!status.ok() && piece < r->failed_piece) {
         r->failed_piece = piece;
         r->status = std::move(status);
@@ -401,17 +435,25 @@ class DiskStore::Impl {
     }
   }
 
-  // One piece, unlocked: the request's fields read here are fixed at Queue.
-  absl::Status Transfer(const Request& r, int piece, uint32_t* crc, double* checksum_seconds) const {
-    const ChunkFile& file = *r.chunk;
-    const uint64_t offset = static_cast<uint64_t>(piece) * r.piece_bytes;
-    const uint64_t length = std::min(r.piece_bytes, file.bytes - offset);
-    char* data = r.buffer + offset;
-    if (r.write) {
-      const Clock::time_point start = Clock::now();
-      *crc = Crc32(0, data, length);
-      *checksum_seconds = SecondsSince(start);
+  // The checksums of the blocks of a piece (at `start` of the request).
+  void BlockChecksums(Request& r, uint64_t start, uint64_t length, double* checksum_seconds) const {
+    const Clock::time_point begin = Clock::now();
+    for (uint64_t at = 0; at < length; at += block_bytes_) {
+      const uint64_t n = std::min(block_bytes_, length - at);
+      r.block_crc[(start + at) / block_bytes_] = Crc32(0, r.buffer + start + at, n);
     }
+    *checksum_seconds += SecondsSince(begin);
+  }
+
+  // One piece, unlocked: the request's fields read here are fixed at Queue,
+  // and the piece's own blocks' checksums are its alone.
+  absl::Status Transfer(Request& r, int piece, double* checksum_seconds) const {
+    const ChunkFile& file = *r.chunk;
+    const uint64_t start = static_cast<uint64_t>(piece) * r.piece_bytes;
+    const uint64_t length = std::min(r.piece_bytes, r.bytes - start);
+    const uint64_t offset = r.offset + start;
+    char* data = r.buffer + start;
+    if (r.write) BlockChecksums(r, start, length, checksum_seconds);
     uint64_t done = 0;
     while (done < length) {
       const ssize_t n = r.write ? pwrite(file.fd.get(), data + done, length - done, static_cast<off_t>(offset + done))
@@ -431,41 +473,36 @@ class DiskStore::Impl {
       }
       done += static_cast<uint64_t>(n);
     }
-    if (!r.write) {
-      const Clock::time_point start = Clock::now();
-      *crc = Crc32(0, data, length);
-      *checksum_seconds = SecondsSince(start);
-    }
+    if (!r.write) BlockChecksums(r, start, length, checksum_seconds);
     return absl::OkStatus();
   }
 
   void Complete(Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const Clock::time_point start = Clock::now();
-    uint32_t crc = r.piece_crc.empty() ? 0 : r.piece_crc[0];
-    for (size_t i = 1; i < r.piece_crc.size(); ++i) {
-      const uint64_t length = std::min(r.piece_bytes, r.chunk->bytes - i * r.piece_bytes);
-      crc = static_cast<uint32_t>(crc32_combine(crc, r.piece_crc[i], static_cast<z_off_t>(length)));
-    }
-    stats_.checksum_seconds += SecondsSince(start);
     Contents& contents = contents_[static_cast<size_t>(r.file)];
     if (r.write) {
-      contents.state = r.status.ok() ? Contents::State::kWritten : Contents::State::kWriteFailed;
-      contents.crc = crc;
-    } else if (r.status.ok() && crc != r.expected_crc) {
-      r.status = absl::DataLossError(absl::StrFormat(
-          "memory.disk_dir: chunk file %s failed its checksum (read CRC %08x, written %08x): the file was changed "
-          "or damaged under the job",
-          r.chunk->path, crc, r.expected_crc));
+      for (size_t i = 0; i < r.block_crc.size(); ++i) {
+        contents.state[r.first_block + i] = r.status.ok() ? BlockState::kWritten : BlockState::kWriteFailed;
+        contents.crc[r.first_block + i] = r.block_crc[i];
+      }
+    } else if (r.status.ok()) {
+      for (size_t i = 0; i < r.block_crc.size(); ++i) {
+        if (r.block_crc[i] == r.expected_crc[i]) continue;
+        r.status = absl::DataLossError(absl::StrFormat(
+            "memory.disk_dir: chunk file %s failed its checksum at offset %d (read CRC %08x, written %08x): the "
+            "file was changed or damaged under the job",
+            r.chunk->path, (r.first_block + i) * block_bytes_, r.block_crc[i], r.expected_crc[i]));
+        break;
+      }
     }
     const double seconds = SecondsSince(r.queued);
     if (r.write) {
       ++stats_.writes;
       stats_.write_seconds += seconds;
-      if (r.status.ok()) stats_.write_bytes += r.chunk->bytes;
+      if (r.status.ok()) stats_.write_bytes += r.bytes;
     } else {
       ++stats_.reads;
       stats_.read_seconds += seconds;
-      if (r.status.ok()) stats_.read_bytes += r.chunk->bytes;
+      if (r.status.ok()) stats_.read_bytes += r.bytes;
     }
     r.done = true;
   }
@@ -474,6 +511,7 @@ class DiskStore::Impl {
   const std::string scratch_;
   const bool direct_io_;
   const std::string buffered_reason_;
+  const uint64_t block_bytes_;
   const uint64_t piece_bytes_;
 
   mutable absl::Mutex mu_;
@@ -519,9 +557,17 @@ DiskStore::~DiskStore() = default;
 absl::StatusOr<int> DiskStore::AddFile(const std::string& name, uint64_t bytes) { return impl_->AddFile(name, bytes); }
 DiskStore::Ticket DiskStore::Write(int file, const void* buffer) {
   // Only read from: the const is dropped so one request type serves both.
-  return impl_->Queue(/*write=*/true, file, const_cast<void*>(buffer));
+  return impl_->Queue(/*write=*/true, file, 0, UINT64_MAX, const_cast<void*>(buffer));
 }
-DiskStore::Ticket DiskStore::Read(int file, void* buffer) { return impl_->Queue(/*write=*/false, file, buffer); }
+DiskStore::Ticket DiskStore::Read(int file, void* buffer) {
+  return impl_->Queue(/*write=*/false, file, 0, UINT64_MAX, buffer);
+}
+DiskStore::Ticket DiskStore::WriteRange(int file, uint64_t offset, uint64_t bytes, const void* buffer) {
+  return impl_->Queue(/*write=*/true, file, offset, bytes, const_cast<void*>(buffer));
+}
+DiskStore::Ticket DiskStore::ReadRange(int file, uint64_t offset, uint64_t bytes, void* buffer) {
+  return impl_->Queue(/*write=*/false, file, offset, bytes, buffer);
+}
 absl::Status DiskStore::Wait(Ticket ticket) { return impl_->Wait(ticket); }
 int DiskStore::file_count() const { return impl_->file_count(); }
 std::string DiskStore::path(int file) const { return impl_->path(file); }

@@ -3,8 +3,9 @@
 // The disk tier: one chunk file per payload in a scratch directory, read and
 // written asynchronously by a small pool of I/O threads with direct, aligned
 // I/O (O_DIRECT: the page cache is bypassed, so streaming tens of gigabytes
-// through it neither evicts the process's memory nor counts twice), each
-// file checked against the CRC-32 of its last write when it is read back.
+// through it neither evicts the process's memory nor counts twice). A file
+// is read and written whole or a range of blocks at a time, and each block
+// is checked against the CRC-32 of its last write when it is read back.
 // No LibTorch.
 //
 // Thread-safe: Write/Read/Wait may be called from any thread; the chunk
@@ -32,6 +33,11 @@ struct DiskStoreOptions {
   // `piece_bytes` so that one large file is read by every thread at once.
   int io_threads = 2;
   uint64_t piece_bytes = 8ull << 20;
+  // Each file is checksummed in blocks of this many bytes (a multiple of
+  // kDiskAlignment; pieces are rounded up to a multiple of it): a range
+  // read or written starts at a block and covers whole blocks, or reaches
+  // the end of the file.
+  uint64_t block_bytes = kDiskBlockBytes;
   // O_DIRECT where the file system allows it; else buffered I/O (see
   // direct_io()).
   bool direct_io = true;
@@ -94,25 +100,31 @@ class DiskStore {
 
   // Queues a write of the file's whole (aligned) size from `buffer`, which
   // must be aligned to kDiskAlignment, hold that many bytes, and stay
-  // untouched until the request is waited for. The checksum of what was
-  // written is recorded when the write completes.
+  // untouched until the request is waited for. The checksums of what was
+  // written are recorded when the write completes.
   Ticket Write(int file, const void* buffer);
   // Queues a read of the whole file into `buffer` (same rules), checked
-  // against the checksum of its last completed write (as of the call: a
+  // against the checksums of its last completed writes (as of the call: a
   // write of the file still in flight then does not count).
   Ticket Read(int file, void* buffer);
+  // The same for `bytes` bytes at `offset` of the file: `offset` a multiple
+  // of the block size, `bytes` too unless the range reaches the end of the
+  // file (INVALID_ARGUMENT at Wait otherwise).
+  Ticket WriteRange(int file, uint64_t offset, uint64_t bytes, const void* buffer);
+  Ticket ReadRange(int file, uint64_t offset, uint64_t bytes, void* buffer);
   // Blocks until the request is done; its result: OK; an I/O error naming
   // the path, the bytes and the OS's reason (RESOURCE_EXHAUSTED for a full
-  // disk); DATA_LOSS when the file read back is short or its checksum does
-  // not match (the file was changed under the store); FAILED_PRECONDITION
-  // for a read of a file never written. Each ticket is waited for once.
+  // disk); DATA_LOSS when the file read back is short or a block's checksum
+  // does not match (the file was changed under the store); FAILED_PRECONDITION
+  // for a read of a block never written. Each ticket is waited for once.
   absl::Status Wait(Ticket ticket);
 
   int file_count() const;
   std::string path(int file) const;
   // The file's aligned size.
   uint64_t file_bytes(int file) const;
-  // The CRC-32 of the file's last completed write; 0 before one.
+  // The CRC-32 of the file's contents as last written; 0 while a block of
+  // it has not been written.
   uint32_t checksum(int file) const;
   const std::string& scratch_dir() const;
   // Bytes of the files, and the budget (0: none).

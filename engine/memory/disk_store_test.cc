@@ -122,6 +122,7 @@ TEST(DiskStoreTest, RoundTripsManyRequestsInFlightWaitedOutOfOrder) {
 TEST(DiskStoreTest, LargeFileSpreadOverPiecesKeepsTheWholeFilesCrc) {
   DiskStoreOptions options = Options("pieces");
   options.piece_bytes = 8 << 10;
+  options.block_bytes = 4 << 10;
   options.io_threads = 4;
   std::unique_ptr<DiskStore> store = OpenOrDie(options);
   ASSERT_NE(store, nullptr);
@@ -146,9 +147,96 @@ TEST(DiskStoreTest, LargeFileSpreadOverPiecesKeepsTheWholeFilesCrc) {
   EXPECT_TRUE(SameBytes(back, other));
 }
 
+TEST(DiskStoreTest, RangesOfBlocksReadWhatWasWrittenWholeOrInRanges) {
+  DiskStoreOptions options = Options("ranges");
+  options.block_bytes = 16 << 10;
+  options.piece_bytes = 32 << 10;
+  std::unique_ptr<DiskStore> store = OpenOrDie(options);
+  ASSERT_NE(store, nullptr);
+  // Seven and a half blocks: the last range reaches the end mid-block.
+  constexpr uint64_t kBytes = (15 << 10) * 8;
+  absl::StatusOr<int> file = store->AddFile("states", kBytes);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const AlignedBuffer whole = Random(kBytes, 7);
+  ASSERT_TRUE(WriteNow(*store, *file, whole).ok());
+  const uint32_t single_shot =
+      static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(whole.data()), whole.size()));
+  EXPECT_EQ(store->checksum(*file), single_shot);
+
+  // Part of a whole write, read back alone.
+  AlignedBuffer part(48 << 10);
+  ASSERT_TRUE(store->Wait(store->ReadRange(*file, 32 << 10, 48 << 10, part.data())).ok());
+  EXPECT_EQ(std::memcmp(part.data(), static_cast<const char*>(whole.data()) + (32 << 10), 48 << 10), 0);
+
+  // Ranges written over it, the last reaching the end, then read back whole.
+  const AlignedBuffer head = Random(16 << 10, 8);
+  const uint64_t tail_offset = 96 << 10, tail_bytes = kBytes - tail_offset;
+  const AlignedBuffer tail = Random(tail_bytes, 9);
+  const DiskStore::Ticket a = store->WriteRange(*file, 0, 16 << 10, head.data());
+  const DiskStore::Ticket b = store->WriteRange(*file, tail_offset, tail_bytes, tail.data());
+  ASSERT_TRUE(store->Wait(b).ok());
+  ASSERT_TRUE(store->Wait(a).ok());
+  AlignedBuffer back(kBytes);
+  ASSERT_TRUE(store->Wait(store->Read(*file, back.data())).ok());
+  const char* got = static_cast<const char*>(back.data());
+  EXPECT_EQ(std::memcmp(got, head.data(), 16 << 10), 0);
+  EXPECT_EQ(std::memcmp(got + (16 << 10), static_cast<const char*>(whole.data()) + (16 << 10), 80 << 10), 0);
+  EXPECT_EQ(std::memcmp(got + tail_offset, tail.data(), tail_bytes), 0);
+  EXPECT_NE(store->checksum(*file), single_shot);
+  const DiskStats stats = store->stats();
+  EXPECT_EQ(stats.write_bytes, kBytes + (16 << 10) + tail_bytes);
+  EXPECT_EQ(stats.read_bytes, kBytes + (48 << 10));
+}
+
+TEST(DiskStoreTest, RangesMustBeWholeBlocksWithinTheFile) {
+  DiskStoreOptions options = Options("badranges");
+  options.block_bytes = 8 << 10;
+  std::unique_ptr<DiskStore> store = OpenOrDie(options);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<int> file = store->AddFile("states", 40 << 10);
+  ASSERT_TRUE(file.ok()) << file.status();
+  AlignedBuffer buffer(64 << 10);
+  for (const auto& [offset, bytes] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {4 << 10, 8 << 10}, {0, 12 << 10}, {32 << 10, 16 << 10}, {48 << 10, 0}}) {
+    const absl::Status status = store->Wait(store->WriteRange(*file, offset, bytes, buffer.data()));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << offset << " " << bytes;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("whole blocks"));
+  }
+  // Written in part: the rest was never written.
+  ASSERT_TRUE(store->Wait(store->WriteRange(*file, 8 << 10, 8 << 10, buffer.data())).ok());
+  EXPECT_TRUE(store->Wait(store->ReadRange(*file, 8 << 10, 8 << 10, buffer.data())).ok());
+  EXPECT_EQ(store->checksum(*file), 0u);
+  const absl::Status unwritten = store->Wait(store->ReadRange(*file, 8 << 10, 16 << 10, buffer.data()));
+  EXPECT_EQ(unwritten.code(), absl::StatusCode::kFailedPrecondition) << unwritten;
+  EXPECT_THAT(std::string(unwritten.message()), HasSubstr("at offset 16384, which was never written"));
+}
+
+TEST(DiskStoreTest, AChangedBlockFailsOnlyTheReadsThatCoverIt) {
+  DiskStoreOptions options = Options("flippedblock");
+  options.block_bytes = 8 << 10;
+  std::unique_ptr<DiskStore> store = OpenOrDie(options);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<int> file = store->AddFile("states", 32 << 10);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(WriteNow(*store, *file, Random(32 << 10, 3)).ok());
+  const int fd = open(store->path(*file).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  char byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, 20000), 1);
+  byte ^= 0x01;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 20000), 1);
+  close(fd);
+  AlignedBuffer back(32 << 10);
+  EXPECT_TRUE(store->Wait(store->ReadRange(*file, 0, 16 << 10, back.data())).ok());
+  const absl::Status status = store->Wait(store->ReadRange(*file, 16 << 10, 16 << 10, back.data()));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("checksum at offset 16384"));
+}
+
 TEST(DiskStoreTest, ByteChangedOnDiskIsDataLoss) {
   DiskStoreOptions options = Options("flipped");
   options.piece_bytes = 8 << 10;
+  options.block_bytes = 4 << 10;
   std::unique_ptr<DiskStore> store = OpenOrDie(options);
   ASSERT_NE(store, nullptr);
   absl::StatusOr<int> file = store->AddFile("states", 40000);
@@ -174,6 +262,7 @@ TEST(DiskStoreTest, ByteChangedOnDiskIsDataLoss) {
 TEST(DiskStoreTest, TruncatedFileIsDataLoss) {
   DiskStoreOptions options = Options("truncated");
   options.piece_bytes = 8 << 10;
+  options.block_bytes = 4 << 10;
   std::unique_ptr<DiskStore> store = OpenOrDie(options);
   ASSERT_NE(store, nullptr);
   absl::StatusOr<int> file = store->AddFile("states", 64 << 10);

@@ -30,6 +30,9 @@ const char* TierName(Tier tier);
 // it (O_DIRECT's rule on every common file system).
 constexpr uint64_t kDiskAlignment = 4096;
 uint64_t AlignToDisk(uint64_t bytes);
+// The disk tier checksums its files in blocks of this size, and reads and
+// writes parts of a file a whole number of blocks at a time.
+constexpr uint64_t kDiskBlockBytes = 64 << 10;
 
 // Bytes for people: "768.00 KiB", "12.37 GiB".
 std::string BytesText(uint64_t bytes);
