@@ -147,7 +147,8 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       p.chunk = c;
       // Optimizer states: both moments, and in mixed precision the fp32
       // master weights after them.
-      p.numel = p.kind == PayloadKind::kOptimizer ? (mixed ? 3 : 2) * chunk.capacity : chunk.capacity;
+      p.regions = p.kind == PayloadKind::kOptimizer ? (mixed ? 3 : 2) : 1;
+      p.numel = p.regions * chunk.capacity;
       p.dtype = p.kind == PayloadKind::kOptimizer ? c10::kFloat : optimizer.param_dtype;
       p.bytes = static_cast<uint64_t>(p.numel) * c10::elementSize(p.dtype);
     }
@@ -169,25 +170,16 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   RETURN_IF_ERROR(table.IndexStages());
 
   // Where each chunk's host side lives; the model's values as built count
-  // against the host budget until they move into chunks.
-  TierInput tiers;
-  for (const Chunk& chunk : table.chunks) {
-    tiers.param_bytes.push_back(chunk.payload(PayloadKind::kParam).bytes);
-    tiers.grad_bytes.push_back(chunk.payload(PayloadKind::kGrad).bytes);
-    tiers.optimizer_bytes.push_back(chunk.payload(PayloadKind::kOptimizer).bytes);
-  }
-  // The model as built (less what is initialised straight into its chunk),
-  // and the largest scratch an initialisation takes.
-  uint64_t built_bytes = 0, init_scratch_bytes = 0;
+  // against the host budget until they move into chunks, and the largest
+  // scratch an initialisation takes until every chunk is filled.
+  TierInput tiers = ChunkTierInput(layout->capacity, mixed);
   for (const ManagedParam& p : params) {
     if (p.init) {
-      init_scratch_bytes = std::max(init_scratch_bytes, p.init_scratch_bytes);
+      tiers.init_scratch_bytes = std::max(tiers.init_scratch_bytes, p.init_scratch_bytes);
     } else {
-      built_bytes += static_cast<uint64_t>(p.tensor.numel()) * p.tensor.element_size();
+      tiers.built_bytes += static_cast<uint64_t>(p.tensor.numel()) * p.tensor.element_size();
     }
   }
-  tiers.construction_bytes = built_bytes + init_scratch_bytes;
-  tiers.masters_with_optimizer = mixed;
   tiers.host_limit_bytes = options.host_budget_bytes;
   tiers.disk_limit_bytes = options.disk_dir.empty() ? 0 : options.disk_budget_bytes;
   tiers.disk_dir = options.disk_dir;
@@ -199,14 +191,19 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   m->tier_plan_ = std::move(tier_plan);
   std::vector<Payload*> on_disk;
   for (Chunk& chunk : m->table_.chunks) {
-    if (m->tier_plan_.optimizer_tier[static_cast<size_t>(chunk.id)] == Tier::kDisk) {
-      on_disk.push_back(&chunk.payload(PayloadKind::kOptimizer));
+    const size_t c = static_cast<size_t>(chunk.id);
+    for (const auto& [kind, tier] : {std::pair(PayloadKind::kGrad, m->tier_plan_.grad_tier[c]),
+                                     std::pair(PayloadKind::kOptimizer, m->tier_plan_.optimizer_tier[c])}) {
+      if (tier != Tier::kDisk) continue;
+      Payload& p = chunk.payload(kind);
+      p.slice_elements = m->tier_plan_.slice_elements[c];
+      on_disk.push_back(&p);
     }
   }
-  RETURN_IF_ERROR(m->store_.OpenDisk(options, on_disk));
-  m->store_.AddHostBytes(static_cast<int64_t>(tiers.construction_bytes));
+  RETURN_IF_ERROR(m->store_.OpenDisk(options, on_disk, m->tier_plan_.slot_bytes));
+  m->store_.AddHostBytes(static_cast<int64_t>(tiers.built_bytes + tiers.init_scratch_bytes));
   RETURN_IF_ERROR(CallTorch("placing parameters in chunks", [&]() -> absl::Status {
-    m->values_.Fill(params, options.values_from_checkpoint, init_scratch_bytes);
+    m->values_.Fill(params, options.values_from_checkpoint, tiers.init_scratch_bytes);
     return absl::OkStatus();
   }));
   return m;
@@ -344,9 +341,13 @@ StepMemoryStats ChunkManager::EndStep() {
       if (p.disk_file >= 0) stats_.disk_bytes[k] += store_.disk()->file_bytes(p.disk_file);
     }
     on_device ? ++stats_.device_chunks : ++stats_.host_chunks;
-    if (chunk.payload(PayloadKind::kOptimizer).home == Tier::kDisk) ++stats_.disk_chunks;
+    if (chunk.payload(PayloadKind::kOptimizer).home == Tier::kDisk ||
+        chunk.payload(PayloadKind::kGrad).home == Tier::kDisk) {
+      ++stats_.disk_chunks;
+    }
   }
-  // The staging buffers hold optimizer states on their way to and from disk.
+  // The staging slots hold optimizer states (and gradients) on their way to
+  // and from disk.
   stats_.host_bytes[static_cast<int>(PayloadKind::kOptimizer)] += store_.staging_bytes();
   stats_.host_model_bytes = store_.host_model_bytes();
   stats_.peak_host_model_bytes = store_.peak_host_model_bytes();

@@ -24,25 +24,30 @@ ChunkOptimizer::ChunkOptimizer(MemoryDevice* device, PayloadStore* store, ChunkT
                                const OptimizerOptions& options)
     : device_(device), store_(store), table_(table), mover_(mover), options_(options), simd_(BestSimdPath()) {}
 
-void ChunkOptimizer::UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper) {
+void ChunkOptimizer::Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const {
+  // The decay ranges as offsets in this part of the chunk (the kernel
+  // clips them to it).
+  std::vector<DecaySegment> decay = chunk.decay;
+  for (DecaySegment& d : decay) d.offset -= begin;
+  CpuAdamWStep(b, decay, hyper, simd_);
+}
+
+void ChunkOptimizer::UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper) {
   Payload& p = chunk.payload(PayloadKind::kParam);
   Payload& g = chunk.payload(PayloadKind::kGrad);
   Payload& o = chunk.payload(PayloadKind::kOptimizer);
-  const at::Tensor& params = device_copies ? p.device : p.host;
-  const at::Tensor& states = device_copies ? o.device : o.host;
-  const at::Tensor& grads = device_copies ? g.device : g.host;
   CpuAdamBuffers b;
-  b.master = mixed() ? states.data_ptr<float>() + 2 * chunk.capacity : params.data_ptr<float>();
-  b.grad = grads.data_ptr();
+  b.exp_avg = o.device.data_ptr<float>();
+  b.exp_avg_sq = b.exp_avg + chunk.capacity;
+  b.master = mixed() ? b.exp_avg + 2 * chunk.capacity : p.device.data_ptr<float>();
+  b.grad = g.device.data_ptr();
   b.grad_type = LowTypeOf(g.dtype);
-  b.exp_avg = states.data_ptr<float>();
-  b.exp_avg_sq = states.data_ptr<float>() + chunk.capacity;
   if (mixed()) {
-    b.copy = params.data_ptr();
+    b.copy = p.device.data_ptr();
     b.copy_type = LowTypeOf(p.dtype);
   }
   b.numel = chunk.used;
-  CpuAdamWStep(b, chunk.decay, hyper, simd_);
+  Kernel(chunk, 0, b, hyper);
 }
 
 void ChunkOptimizer::UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper) {
@@ -53,7 +58,7 @@ void ChunkOptimizer::UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper) {
   if (device_->compute_device().is_cpu()) {
     // The simulated device is CPU memory: the same kernel as the host's, so
     // where a chunk lives never changes the numbers.
-    UpdateOnCpu(chunk, /*device_copies=*/true, hyper);
+    UpdateOnCpu(chunk, hyper);
   } else if (mixed()) {
     at::Tensor master = o.device.narrow(0, 2 * chunk.capacity, n);
     FlatAdamWStep(master, g.device.narrow(0, 0, n).to(at::kFloat), o.device.narrow(0, 0, n),
@@ -83,6 +88,7 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     for (Chunk& chunk : table_->chunks) {
       Payload& g = chunk.payload(PayloadKind::kGrad);
       g.host_valid = false;
+      g.disk_valid = false;
       store_->Release(g);
     }
     return result;
@@ -103,60 +109,111 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
   hyper.step = step;
   hyper.grad_scale = clip / loss_scale;
   device_->SynchronizeTransfers();
-  // Chunks whose optimizer states are on disk are updated through the
-  // staging buffers as a pipeline: while chunk k is updated, chunk k+1's
-  // states are being read and chunk k-1's written. Chunks go in forward
-  // order, so the next forward's first chunks are the first ready.
-  std::vector<Chunk*> from_disk;
-  for (Chunk& chunk : table_->chunks) {
-    if (chunk.payload(PayloadKind::kOptimizer).home == Tier::kDisk && !chunk.device_homed()) {
-      from_disk.push_back(&chunk);
-    }
-  }
-  const size_t buffers = static_cast<size_t>(store_->staging_count());
-  std::vector<DiskStore::Ticket> reads(from_disk.size(), 0), writes(from_disk.size(), 0);
-  auto states = [&](size_t k) -> Payload& { return from_disk[k]->payload(PayloadKind::kOptimizer); };
-  auto start_read = [&](size_t k) {
-    if (k < from_disk.size()) reads[k] = store_->StartLoad(states(k), static_cast<int>(k % buffers));
+  // The update runs over units: a chunk whose gradients and optimizer
+  // states are on the host is one unit; a chunk with either on disk is
+  // updated a slice at a time through the staging slots, as a pipeline:
+  // while slice k is updated, slices k+1 and k+2 are being read and slice
+  // k-1 written. Chunks go in forward order, so the next forward's first
+  // chunks are the first ready.
+  struct Unit {
+    Chunk* chunk;
+    int64_t begin;
+    int64_t count;
+    int slot;
   };
-  // Reads run ahead by buffers - 1 chunks: the last buffer is the one being
-  // written behind.
-  for (size_t k = 0; k + 1 < buffers; ++k) start_read(k);
-  size_t next_disk = 0;
+  std::vector<Unit> units;
+  std::vector<size_t> staged;
   for (Chunk& chunk : table_->chunks) {
     if (chunk.device_homed()) {
       UpdateOnDevice(chunk, hyper);
       chunk.optimizer_initialized = true;
       continue;
     }
+    const Payload& g = chunk.payload(PayloadKind::kGrad);
+    const Payload& o = chunk.payload(PayloadKind::kOptimizer);
+    const int64_t slice = o.home == Tier::kDisk ? o.slice_elements : g.home == Tier::kDisk ? g.slice_elements : 0;
+    if (slice == 0) {
+      units.push_back({&chunk, 0, chunk.used, -1});
+      continue;
+    }
+    for (int64_t begin = 0; begin < chunk.used; begin += slice) {
+      staged.push_back(units.size());
+      units.push_back({&chunk, begin, std::min(slice, chunk.used - begin), -1});
+    }
+  }
+  // A staged unit's slot holds its optimizer states' regions, then its
+  // gradients.
+  auto grad_at = [&](const Chunk& chunk) -> uint64_t {
+    const Payload& o = chunk.payload(PayloadKind::kOptimizer);
+    return o.home == Tier::kDisk ? store_->SlicePartBytes(o) * static_cast<uint64_t>(o.regions) : 0;
+  };
+  auto start_read = [&](size_t k) {
+    if (k >= staged.size()) return;
+    Unit& u = units[staged[k]];
+    Payload& g = u.chunk->payload(PayloadKind::kGrad);
+    Payload& o = u.chunk->payload(PayloadKind::kOptimizer);
+    u.slot = store_->AcquireSlot();
+    if (o.home == Tier::kDisk) store_->StartRead(o, u.slot, 0, u.begin, u.count);
+    if (g.home == Tier::kDisk) store_->StartRead(g, u.slot, grad_at(*u.chunk), u.begin, u.count);
+  };
+  const size_t ahead = static_cast<size_t>(kDiskStagingSlots) - 1;
+  for (size_t k = 0; k < ahead; ++k) start_read(k);
+  size_t next_staged = 0;
+  for (const Unit& u : units) {
+    Chunk& chunk = *u.chunk;
     Payload& p = chunk.payload(PayloadKind::kParam);
     Payload& g = chunk.payload(PayloadKind::kGrad);
     Payload& o = chunk.payload(PayloadKind::kOptimizer);
-    if (!p.host_valid || !g.host_valid) {
-      throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
-    }
-    const bool on_disk = o.home == Tier::kDisk;
-    const size_t k = next_disk;
-    if (on_disk) {
-      store_->FinishLoad(o, reads[k]);
-    } else {
-      store_->EnsureHost(o);
-      if (!chunk.optimizer_initialized) {
-        HostAllocationScope host;
-        o.host.zero_();
+    const bool states_on_disk = o.home == Tier::kDisk, grads_on_disk = g.home == Tier::kDisk;
+    if (u.begin == 0) {
+      if (!p.host_valid || !(grads_on_disk ? g.disk_valid : g.host_valid)) {
+        throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
+      }
+      if (!states_on_disk) {
+        store_->EnsureHost(o);
+        if (!chunk.optimizer_initialized) {
+          HostAllocationScope host;
+          o.host.zero_();
+        }
       }
     }
-    UpdateOnCpu(chunk, /*device_copies=*/false, hyper);
-    o.host_valid = true;
-    g.host_valid = false;
-    p.device_valid = false;
-    if (on_disk) {
-      writes[k] = store_->StartStore(o);
-      ++next_disk;
-      // Chunk k-1's buffer is the one chunk k+buffers-1 reads into.
-      if (k >= 1) store_->FinishStore(states(k - 1), writes[k - 1]);
-      start_read(k + buffers - 1);
+    if (u.slot >= 0) store_->FinishReads(u.slot);
+    std::vector<at::Tensor> states, grads;
+    if (states_on_disk) states = store_->SliceViews(o, u.slot, 0, u.count);
+    if (grads_on_disk) grads = store_->SliceViews(g, u.slot, grad_at(chunk), u.count);
+    // Element `begin` of a region of the states, on disk or on the host.
+    auto state = [&](int region) {
+      return states_on_disk ? states[static_cast<size_t>(region)].data_ptr<float>()
+                            : o.host.data_ptr<float>() + region * chunk.capacity + u.begin;
+    };
+    const size_t weight = c10::elementSize(p.dtype);
+    CpuAdamBuffers b;
+    b.exp_avg = state(0);
+    b.exp_avg_sq = state(1);
+    b.master = mixed() ? state(2) : p.host.data_ptr<float>() + u.begin;
+    b.grad = grads_on_disk ? grads[0].data_ptr()
+                           : static_cast<const char*>(g.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
+    b.grad_type = LowTypeOf(g.dtype);
+    if (mixed()) {
+      b.copy = static_cast<char*>(p.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
+      b.copy_type = LowTypeOf(p.dtype);
     }
+    b.numel = u.count;
+    Kernel(chunk, u.begin, b, hyper);
+    if (u.slot >= 0) {
+      if (states_on_disk) store_->StartWrite(o, u.slot, 0, u.begin, u.count);
+      start_read(++next_staged + ahead - 1);
+    }
+    if (u.begin + u.count < chunk.used) continue;
+    // The chunk is done.
+    if (states_on_disk) {
+      o.disk_valid = true;
+    } else {
+      o.host_valid = true;
+    }
+    g.host_valid = false;
+    g.disk_valid = false;
+    p.device_valid = false;
     if (p.pinned) {
       mover_->Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
     } else {
@@ -164,7 +221,8 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     }
     chunk.optimizer_initialized = true;
   }
-  if (!from_disk.empty()) store_->FinishStore(states(from_disk.size() - 1), writes.back());
+  // Within the step: what the update wrote is on disk before it ends.
+  store_->FinishWrites();
   return result;
 }
 

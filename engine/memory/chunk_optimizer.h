@@ -1,10 +1,10 @@
 #pragma once
 
-// AdamW over whole chunks, each where its optimizer states live: on the
-// device for chunks the plan homes there, with the CPU kernel (cpu_adam.h)
-// on the host side otherwise -- for states on disk through the staging
-// buffers as a pipeline: while chunk k is updated, chunk k+1's states are
-// being read and chunk k-1's written.
+// AdamW over the chunks, each where its optimizer states live: on the device
+// for chunks the plan homes there, with the CPU kernel (cpu_adam.h) on the
+// host side otherwise -- for a chunk whose states or gradients are on disk a
+// slice at a time through the staging slots, as a pipeline: while slice k is
+// updated, the next slices are being read and slice k-1 written.
 //
 // Not thread-safe: one training loop drives it (the CPU kernel and the disk
 // store use threads of their own).
@@ -58,8 +58,10 @@ class ChunkOptimizer {
  private:
   void UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper);
   // The CPU kernel over the chunk's device copies (the simulated device is
-  // CPU memory) or its host-side ones.
-  void UpdateOnCpu(Chunk& chunk, bool device_copies, const AdamWHyper& hyper);
+  // CPU memory).
+  void UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper);
+  // The CPU kernel over elements [begin, begin + b.numel) of the chunk.
+  void Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const;
 
   MemoryDevice* device_;
   PayloadStore* store_;

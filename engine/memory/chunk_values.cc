@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,10 +35,6 @@ void ChunkValues::TakeOver(const Chunk& chunk, const std::vector<ManagedParam>& 
 
 void ChunkValues::Fill(const std::vector<ManagedParam>& params, bool values_from_checkpoint,
                        uint64_t init_scratch_bytes) {
-  // Disk-homed masters are written behind, through the staging buffers in
-  // turn.
-  std::vector<std::pair<Payload*, DiskStore::Ticket>> writing(store_->staging_count(), {nullptr, 0});
-  int next_buffer = 0;
   for (Chunk& chunk : table_->chunks) {
     if (values_from_checkpoint) {
       TakeOver(chunk, params);
@@ -47,19 +45,17 @@ void ChunkValues::Fill(const std::vector<ManagedParam>& params, bool values_from
     store_->EnsureHost(p);
     HostAllocationScope host;
     // fp32: the parameter chunk is the master. Mixed precision: the master
-    // sits with the optimizer states, the parameters are its rounded copy.
+    // sits with the optimizer states (drawn into a chunk of fp32 first where
+    // those are on disk), the parameters are its rounded copy.
     at::Tensor master = p.host;
-    if (mixed()) {
-      if (o.home == Tier::kDisk) {
-        auto& [previous, ticket] = writing[static_cast<size_t>(next_buffer)];
-        if (previous != nullptr) store_->FinishStore(*previous, ticket);
-        store_->AttachStaging(o, next_buffer);
-        next_buffer = (next_buffer + 1) % static_cast<int>(store_->staging_count());
-      } else {
-        store_->EnsureHost(o);
-      }
+    const bool drawn_apart = mixed() && o.home == Tier::kDisk;
+    const uint64_t drawn_bytes = static_cast<uint64_t>(chunk.capacity) * sizeof(float);
+    if (drawn_apart) {
+      store_->ReserveHostBytes(drawn_bytes, absl::StrCat("chunk ", chunk.id, "'s master weights as they are drawn"));
+      master = at::empty({chunk.capacity}, at::kFloat);
+    } else if (mixed()) {
+      store_->EnsureHost(o);
       o.host.zero_();
-      chunk.optimizer_initialized = true;
       master = o.host.narrow(0, 2 * chunk.capacity, chunk.capacity);
     }
     master.zero_();
@@ -74,15 +70,25 @@ void ChunkValues::Fill(const std::vector<ManagedParam>& params, bool values_from
     }
     if (mixed()) {
       p.host.copy_(master);
-      o.host_valid = true;
-      if (o.home == Tier::kDisk) writing[static_cast<size_t>(o.staging)] = {&o, store_->StartStore(o)};
+      chunk.optimizer_initialized = true;
+      if (drawn_apart) {
+        // Moments zero, masters as drawn, written behind.
+        store_->StreamOut(o, [&](int64_t begin, int64_t count, const std::vector<at::Tensor>& views) {
+          views[0].zero_();
+          views[1].zero_();
+          views[2].copy_(master.narrow(0, begin, count));
+        });
+        o.disk_valid = true;
+        master = at::Tensor();
+        store_->AddHostBytes(-static_cast<int64_t>(drawn_bytes));
+      } else {
+        o.host_valid = true;
+      }
     }
     p.host_valid = true;
     TakeOver(chunk, params);
   }
-  for (auto& [o, ticket] : writing) {
-    if (o != nullptr) store_->FinishStore(*o, ticket);
-  }
+  store_->FinishWrites();
   store_->AddHostBytes(-static_cast<int64_t>(init_scratch_bytes));
 }
 
@@ -103,7 +109,7 @@ absl::Status ChunkValues::Save(const StateSink& sink) const {
   device_->SynchronizeTransfers();
   // One payload at a time, from wherever its current copy is: a host copy
   // is written in place, a device one through a host copy of that payload,
-  // a disk one through a staging buffer.
+  // a disk one a region and a slice at a time through the staging.
   RETURN_IF_ERROR(sink(kStateMagic, sizeof kStateMagic));
   RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(table_->chunks.size())));
   RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(param_dtype_)));
@@ -114,12 +120,25 @@ absl::Status ChunkValues::Save(const StateSink& sink) const {
       const Payload& p = chunk.payload(kind);
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
       RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(p.bytes)));
-      absl::Status written;
-      store_->WithCurrentCopy(p, [&](const at::Tensor& copy) {
-        const at::Tensor current = copy.to(at::kCPU).contiguous();
-        written = sink(current.data_ptr(), p.bytes);
-      });
-      RETURN_IF_ERROR(written);
+      if (p.host_valid) {
+        RETURN_IF_ERROR(sink(p.host.data_ptr(), p.bytes));
+      } else if (p.resident && p.device_valid) {
+        const at::Tensor current = p.device.to(at::kCPU).contiguous();
+        RETURN_IF_ERROR(sink(current.data_ptr(), p.bytes));
+      } else if (p.home == Tier::kDisk && p.disk_valid) {
+        absl::Status written;
+        for (int r = 0; r < p.regions; ++r) {
+          store_->StreamIn(
+              p,
+              [&](int64_t, int64_t count, const std::vector<at::Tensor>& views) {
+                if (written.ok()) written = sink(views[0].data_ptr(), static_cast<size_t>(count) * views[0].element_size());
+              },
+              r);
+        }
+        RETURN_IF_ERROR(written);
+      } else {
+        throw std::logic_error(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), ": no current copy"));
+      }
     }
   }
   return absl::OkStatus();
@@ -173,10 +192,26 @@ absl::Status ChunkValues::Restore(uint64_t size, const StateSource& source) {
         return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
       }
       if (p.resident) store_->Release(p);
-      store_->HostBuffer(p);
-      RETURN_IF_ERROR(take(p.host.data_ptr(), static_cast<size_t>(bytes)));
-      p.host_valid = true;
-      store_->WriteHome(p);
+      if (p.home == Tier::kDisk) {
+        // A region and a slice at a time through the staging.
+        absl::Status read;
+        for (int r = 0; r < p.regions; ++r) {
+          store_->StreamOut(
+              p,
+              [&](int64_t, int64_t count, const std::vector<at::Tensor>& views) {
+                if (read.ok()) read = take(views[0].data_ptr(), static_cast<size_t>(count) * views[0].element_size());
+              },
+              r);
+        }
+        store_->FinishWrites(&p);
+        RETURN_IF_ERROR(read);
+        p.host_valid = false;
+        p.disk_valid = true;
+      } else {
+        store_->EnsureHost(p);
+        RETURN_IF_ERROR(take(p.host.data_ptr(), static_cast<size_t>(bytes)));
+        p.host_valid = true;
+      }
     }
     chunk.optimizer_initialized = initialized != 0;
   }
@@ -187,18 +222,36 @@ absl::Status ChunkValues::Restore(uint64_t size, const StateSource& source) {
 std::vector<at::Tensor> ChunkValues::Masters() const {
   HostAllocationScope host;
   device_->SynchronizeTransfers();
-  std::vector<at::Tensor> values;
-  for (const ManagedTensor& t : table_->tensors) {
-    const Chunk& chunk = table_->chunk(t.chunk);
+  std::vector<at::Tensor> values(table_->tensors.size());
+  for (const Chunk& chunk : table_->chunks) {
     // The master: the parameter chunk in fp32, after the moments otherwise.
     const Payload& m = chunk.payload(mixed() ? PayloadKind::kOptimizer : PayloadKind::kParam);
-    const int64_t base = mixed() ? 2 * chunk.capacity : 0;
-    store_->WithCurrentCopy(m, [&](const at::Tensor& current) {
-      values.push_back(current.narrow(0, base + t.offset, t.numel)
-                           .to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                           .view(t.param.sizes()));
-    });
+    const int region = mixed() ? 2 : 0;
+    for (int i : chunk.tensors) {
+      values[static_cast<size_t>(i)] = at::empty({table_->tensors[static_cast<size_t>(i)].numel}, at::kFloat);
+    }
+    // Copies what of the chunk's tensors lies in elements [begin, begin +
+    // part's length) of the master.
+    auto take = [&](int64_t begin, const at::Tensor& part) {
+      for (int i : chunk.tensors) {
+        const ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
+        const int64_t lo = std::max(begin, t.offset), hi = std::min(begin + part.numel(), t.offset + t.numel);
+        if (lo >= hi) continue;
+        values[static_cast<size_t>(i)].narrow(0, lo - t.offset, hi - lo).copy_(part.narrow(0, lo - begin, hi - lo));
+      }
+    };
+    if (m.host_valid) {
+      take(0, m.host.narrow(0, region * chunk.capacity, chunk.capacity));
+    } else if (m.resident && m.device_valid) {
+      take(0, m.device.narrow(0, region * chunk.capacity, chunk.capacity).to(at::kCPU));
+    } else if (m.home == Tier::kDisk && m.disk_valid) {
+      store_->StreamIn(
+          m, [&](int64_t begin, int64_t, const std::vector<at::Tensor>& views) { take(begin, views[0]); }, region);
+    } else {
+      throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": no current master weights"));
+    }
   }
+  for (size_t i = 0; i < values.size(); ++i) values[i] = values[i].view(table_->tensors[i].param.sizes());
   return values;
 }
 

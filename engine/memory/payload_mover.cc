@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,14 +19,24 @@ void PayloadMover::Evict(Payload& p, bool keep_values) {
   if (!p.resident) return;
   const bool saved = p.host_valid || (p.home == Tier::kDisk && p.disk_valid);
   if (p.device_valid && !saved && keep_values) {
-    store_->HostBuffer(p);
     const auto start = std::chrono::steady_clock::now();
-    device_->CopyToHost(p.device, p.host);
-    if (p.home == Tier::kDisk) device_->SynchronizeTransfers();  // before the write reads it
+    if (p.home == Tier::kDisk) {
+      // Through the staging slots, written behind.
+      const int64_t n = p.region_numel();
+      store_->StreamOut(p, [&](int64_t begin, int64_t count, const std::vector<at::Tensor>& views) {
+        for (size_t r = 0; r < views.size(); ++r) {
+          device_->CopyToHost(p.device.narrow(0, static_cast<int64_t>(r) * n + begin, count), views[r]);
+        }
+        device_->SynchronizeTransfers();  // before the write reads the slot
+      });
+      p.disk_valid = true;
+    } else {
+      store_->EnsureHost(p);
+      device_->CopyToHost(p.device, p.host);
+      p.host_valid = true;
+    }
     stats_->transfer_seconds += SecondsSince(start);
     stats_->device_to_host_bytes += p.bytes;
-    p.host_valid = true;
-    store_->WriteHome(p);
   }
   store_->Release(p);
 }
@@ -44,23 +55,30 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
     p.device.zero_();  // this step's gradients start here
     chunk.grad_started = true;
     p.host_valid = false;
+    p.disk_valid = false;
   } else if (p.kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) {
     p.device.zero_();
   } else if (p.host_valid || (p.home == Tier::kDisk && p.disk_valid)) {
-    const bool staged = !p.host_valid;
-    if (staged) store_->LoadHome(p);
     const auto start = std::chrono::steady_clock::now();
-    device_->CopyToDevice(p.host, p.device);
-    if (staged) {
-      // The staging buffer is reused at once: the copy must be done.
-      device_->SynchronizeTransfers();
-      store_->DetachStaging(p);
+    if (p.host_valid) {
+      device_->CopyToDevice(p.host, p.device);
+    } else {
+      const int64_t n = p.region_numel();
+      store_->StreamIn(p, [&](int64_t begin, int64_t count, const std::vector<at::Tensor>& views) {
+        for (size_t r = 0; r < views.size(); ++r) {
+          device_->CopyToDevice(views[r], p.device.narrow(0, static_cast<int64_t>(r) * n + begin, count));
+        }
+        device_->SynchronizeTransfers();  // the slot is read into again soon
+      });
     }
     stats_->transfer_seconds += SecondsSince(start);
     stats_->host_to_device_bytes += p.bytes;
     // Gradients go on accumulating on the device: the host side's copy is
     // no longer current.
-    if (p.kind == PayloadKind::kGrad) p.host_valid = false;
+    if (p.kind == PayloadKind::kGrad) {
+      p.host_valid = false;
+      p.disk_valid = false;
+    }
     tracer_->CountFetch(prefetch);
     // Fetched on demand: a prefetch would have saved the wait.
     if (!prefetch && !tracer_->warmup()) ++stats_->prefetch_misses;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,15 @@ std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", double(byte
 
 PayloadStore::PayloadStore(MemoryDevice* device, uint64_t host_budget_bytes)
     : device_(device), host_budget_bytes_(host_budget_bytes) {}
+
+PayloadStore::~PayloadStore() {
+  // Whatever was written behind lands before the files go (their results
+  // no longer matter: the store is going).
+  for (Slot& slot : slots_) {
+    for (DiskStore::Ticket t : slot.reads) disk_->Wait(t).IgnoreError();
+    for (const PendingWrite& w : slot.writes) disk_->Wait(w.ticket).IgnoreError();
+  }
+}
 
 void PayloadStore::InitDevice(Payload& p) {
   const size_t bytes = static_cast<size_t>(p.numel) * c10::elementSize(p.dtype);
@@ -50,37 +60,36 @@ void PayloadStore::AddHostBytes(int64_t bytes) {
   peak_host_model_bytes_ = std::max(peak_host_model_bytes_, host_model_bytes_);
 }
 
+void PayloadStore::ReserveHostBytes(uint64_t bytes, const std::string& what) {
+  if (host_budget_bytes_ > 0 && host_model_bytes_ + bytes > host_budget_bytes_) {
+    throw ResourceExhaustedException(absl::StrCat(
+        "memory.host_budget: model data needs more than its ", Mib(host_budget_bytes_), " of host memory (",
+        Mib(host_model_bytes_), " held, ", Mib(bytes), " more for ", what,
+        "); raise memory.host_budget, give the job a disk tier (memory.disk_budget), or use a smaller model"));
+  }
+  AddHostBytes(static_cast<int64_t>(bytes));
+}
+
 void PayloadStore::EnsureHost(Payload& p) {
   if (p.host.defined()) return;
   if (p.home == Tier::kDisk) {
     throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind),
                                         ": a disk-homed payload has no host buffer of its own"));
   }
-  if (host_budget_bytes_ > 0 && host_model_bytes_ + p.bytes > host_budget_bytes_) {
-    throw ResourceExhaustedException(absl::StrCat(
-        "memory.host_budget: model data needs more than its ", Mib(host_budget_bytes_), " of host memory (",
-        Mib(host_model_bytes_), " held, ", Mib(p.bytes), " more for chunk ", p.chunk,
-        "); raise memory.host_budget, give the job a disk tier (memory.disk_budget), or use a smaller model"));
-  }
+  ReserveHostBytes(p.bytes, absl::StrCat("chunk ", p.chunk));
   p.host = device_->AllocateHost(p.numel, p.dtype);
-  AddHostBytes(static_cast<int64_t>(p.bytes));
 }
 
 void PayloadStore::ReleaseHost(Payload& p) {
-  if (p.home == Tier::kDisk) {
-    DetachStaging(p);
-    return;
-  }
   p.host_valid = false;
   if (!p.host.defined()) return;
   p.host = at::Tensor();
   AddHostBytes(-static_cast<int64_t>(p.bytes));
 }
 
-absl::Status PayloadStore::OpenDisk(const MemoryOptions& options, const std::vector<Payload*>& on_disk) {
-  uint64_t largest = 0;
-  for (const Payload* p : on_disk) largest = std::max(largest, p->bytes);
-  if (largest == 0) return absl::OkStatus();
+absl::Status PayloadStore::OpenDisk(const MemoryOptions& options, const std::vector<Payload*>& on_disk,
+                                    uint64_t slot_bytes) {
+  if (on_disk.empty()) return absl::OkStatus();
   DiskStoreOptions disk;
   disk.dir = options.disk_dir;
   disk.budget_bytes = options.disk_budget_bytes;
@@ -89,36 +98,32 @@ absl::Status PayloadStore::OpenDisk(const MemoryOptions& options, const std::vec
   if (!store.ok()) return store.status();
   disk_ = *std::move(store);
   for (Payload* p : on_disk) {
+    const uint64_t bytes = DiskFileBytes(p->region_numel(), c10::elementSize(p->dtype), p->regions);
     absl::StatusOr<int> file =
-        disk_->AddFile(absl::StrCat(std::string(1, PayloadKindName(p->kind)[0]), p->chunk), p->bytes);
+        disk_->AddFile(absl::StrCat(std::string(1, PayloadKindName(p->kind)[0]), p->chunk), bytes);
     if (!file.ok()) return file.status();
     p->home = Tier::kDisk;
     p->disk_file = *file;
   }
-  for (int b = 0; b < kDiskStagingBuffers; ++b) {
-    staging_.emplace_back(largest);
-    AddHostBytes(static_cast<int64_t>(staging_.back().size()));
+  for (int s = 0; s < kDiskStagingSlots; ++s) {
+    ReserveHostBytes(AlignToDisk(slot_bytes), "the disk tier's staging");
+    slots_.push_back(Slot{AlignedBuffer(slot_bytes), {}, {}});
   }
   return absl::OkStatus();
 }
 
 uint64_t PayloadStore::staging_bytes() const {
   uint64_t bytes = 0;
-  for (const AlignedBuffer& b : staging_) bytes += b.size();
+  for (const Slot& s : slots_) bytes += s.buffer.size();
   return bytes;
 }
 
-void PayloadStore::AttachStaging(Payload& p, int buffer) {
-  const AlignedBuffer& b = staging_.at(static_cast<size_t>(buffer));
-  p.host = at::from_blob(b.data(), {p.numel}, at::TensorOptions().dtype(p.dtype).device(at::kCPU));
-  p.staging = buffer;
-  p.host_valid = false;
+uint64_t PayloadStore::SlicePartBytes(const Payload& p) const {
+  return DiskRegionBytes(p.slice_elements, c10::elementSize(p.dtype));
 }
 
-void PayloadStore::DetachStaging(Payload& p) {
-  p.host = at::Tensor();
-  p.staging = -1;
-  p.host_valid = false;
+char* PayloadStore::SlotData(int slot) const {
+  return static_cast<char*>(slots_.at(static_cast<size_t>(slot)).buffer.data());
 }
 
 void PayloadStore::Wait(DiskStore::Ticket ticket) const {
@@ -126,55 +131,138 @@ void PayloadStore::Wait(DiskStore::Ticket ticket) const {
   if (!status.ok()) throw StatusException(std::move(status));
 }
 
-DiskStore::Ticket PayloadStore::StartLoad(Payload& p, int buffer) {
-  AttachStaging(p, buffer);
-  if (!p.disk_valid) return 0;
-  return disk_->Read(p.disk_file, p.host.data_ptr());
-}
-
-void PayloadStore::FinishLoad(Payload& p, DiskStore::Ticket ticket) {
-  if (p.disk_valid) {
-    Wait(ticket);
-  } else {
-    // Never written: optimizer states before their first update.
-    HostAllocationScope host;
-    p.host.zero_();
+int PayloadStore::AcquireSlot() {
+  const int s = next_slot_;
+  next_slot_ = (next_slot_ + 1) % static_cast<int>(slots_.size());
+  Slot& slot = slots_[static_cast<size_t>(s)];
+  // Reads left behind by a pipeline that stopped on an error: nobody waits
+  // for their values, only for the buffer to be free.
+  for (DiskStore::Ticket t : slot.reads) disk_->Wait(t).IgnoreError();
+  slot.reads.clear();
+  while (!slot.writes.empty()) {
+    const DiskStore::Ticket t = slot.writes.back().ticket;
+    slot.writes.pop_back();
+    Wait(t);
   }
-  p.host_valid = true;
+  return s;
 }
 
-DiskStore::Ticket PayloadStore::StartStore(Payload& p) {
-  p.disk_valid = false;
-  return disk_->Write(p.disk_file, p.host.data_ptr());
+std::vector<PayloadStore::Range> PayloadStore::SliceRanges(const Payload& p, uint64_t at, int64_t begin,
+                                                           int64_t count, int region) const {
+  if (p.home != Tier::kDisk || disk_ == nullptr) {
+    throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": not on disk"));
+  }
+  const uint64_t element = c10::elementSize(p.dtype);
+  const uint64_t region_bytes = DiskRegionBytes(p.region_numel(), element);
+  const uint64_t part = SlicePartBytes(p);
+  const int first = region >= 0 ? region : 0, last = region >= 0 ? region + 1 : p.regions;
+  if (begin < 0 || count <= 0 || count > p.slice_elements || begin % p.slice_elements != 0 ||
+      begin + count > p.region_numel() || at + part * static_cast<uint64_t>(last - first) > slots_.front().buffer.size()) {
+    throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": slice of ", count,
+                                        " elements at ", begin, " does not fit its slices or the staging slot"));
+  }
+  std::vector<Range> ranges;
+  for (int r = first; r < last; ++r) {
+    const uint64_t offset = static_cast<uint64_t>(r) * region_bytes + static_cast<uint64_t>(begin) * element;
+    ranges.push_back({offset, DiskRegionBytes(count, element), at + part * static_cast<uint64_t>(r - first)});
+  }
+  return ranges;
 }
 
-void PayloadStore::FinishStore(Payload& p, DiskStore::Ticket ticket) {
-  Wait(ticket);
-  p.disk_valid = true;
-  DetachStaging(p);
+std::vector<at::Tensor> PayloadStore::SliceViews(const Payload& p, int slot, uint64_t at, int64_t count,
+                                                 int region) const {
+  std::vector<at::Tensor> views;
+  for (const Range& r : SliceRanges(p, at, 0, count, region)) {
+    views.push_back(at::from_blob(SlotData(slot) + r.at, {count}, at::TensorOptions().dtype(p.dtype).device(at::kCPU)));
+  }
+  return views;
 }
 
-void PayloadStore::HostBuffer(Payload& p) {
-  if (p.home == Tier::kDisk) {
-    AttachStaging(p, 0);
-  } else {
-    EnsureHost(p);
+void PayloadStore::FinishWritesOf(const Payload* p, int64_t begin, int64_t count) {
+  for (Slot& slot : slots_) {
+    for (size_t i = 0; i < slot.writes.size();) {
+      const PendingWrite& w = slot.writes[i];
+      const bool overlaps = count <= 0 || (w.begin < begin + count && begin < w.begin + w.count);
+      if ((p == nullptr || w.payload == p) && overlaps) {
+        const DiskStore::Ticket t = w.ticket;
+        slot.writes.erase(slot.writes.begin() + static_cast<ptrdiff_t>(i));
+        Wait(t);
+      } else {
+        ++i;
+      }
+    }
   }
 }
 
-void PayloadStore::WriteHome(Payload& p) {
-  if (p.home == Tier::kDisk) FinishStore(p, StartStore(p));
+void PayloadStore::FinishWrites(const Payload* p) { FinishWritesOf(p, 0, 0); }
+
+void PayloadStore::StartRead(const Payload& p, int slot, uint64_t at, int64_t begin, int64_t count, int region) {
+  const std::vector<Range> ranges = SliceRanges(p, at, begin, count, region);
+  FinishWritesOf(&p, begin, count);
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  for (const Range& r : ranges) {
+    if (p.disk_valid) {
+      s.reads.push_back(disk_->ReadRange(p.disk_file, r.offset, r.bytes, SlotData(slot) + r.at));
+    } else {
+      // Never written: optimizer states before their first update.
+      std::memset(SlotData(slot) + r.at, 0, r.bytes);
+    }
+  }
 }
 
-void PayloadStore::WithCurrentCopy(const Payload& p, const std::function<void(const at::Tensor&)>& fn) const {
-  if (p.host_valid) return fn(p.host);
-  if (p.resident && p.device_valid) return fn(p.device);
-  if (p.home == Tier::kDisk && p.disk_valid) {
-    const AlignedBuffer& b = staging_.front();
-    Wait(disk_->Read(p.disk_file, b.data()));
-    return fn(at::from_blob(b.data(), {p.numel}, at::TensorOptions().dtype(p.dtype).device(at::kCPU)));
+void PayloadStore::FinishReads(int slot) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  std::vector<DiskStore::Ticket> reads;
+  reads.swap(s.reads);
+  absl::Status first;
+  for (DiskStore::Ticket t : reads) {
+    absl::Status status = disk_->Wait(t);
+    if (first.ok()) first = std::move(status);
   }
-  throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": no current copy"));
+  if (!first.ok()) throw StatusException(std::move(first));
+}
+
+void PayloadStore::StartWrite(const Payload& p, int slot, uint64_t at, int64_t begin, int64_t count, int region) {
+  const uint64_t element = c10::elementSize(p.dtype);
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  for (const Range& r : SliceRanges(p, at, begin, count, region)) {
+    // The file past the payload's last element holds zeros, whatever the
+    // slot held there.
+    const uint64_t used = static_cast<uint64_t>(count) * element;
+    std::memset(SlotData(slot) + r.at + used, 0, r.bytes - used);
+    s.writes.push_back({&p, begin, count, disk_->WriteRange(p.disk_file, r.offset, r.bytes, SlotData(slot) + r.at)});
+  }
+}
+
+void PayloadStore::StreamIn(const Payload& p, const SliceFn& fn, int region) {
+  const int64_t n = p.region_numel();
+  int slot = -1;
+  for (int64_t begin = 0; begin < n; begin += p.slice_elements) {
+    const int64_t count = std::min(p.slice_elements, n - begin);
+    if (begin == 0) {
+      slot = AcquireSlot();
+      StartRead(p, slot, 0, begin, count, region);
+    }
+    // The next slice is read while this one is used.
+    int next = -1;
+    if (begin + count < n) {
+      next = AcquireSlot();
+      StartRead(p, next, 0, begin + count, std::min(p.slice_elements, n - begin - count), region);
+    }
+    FinishReads(slot);
+    fn(begin, count, SliceViews(p, slot, 0, count, region));
+    slot = next;
+  }
+}
+
+void PayloadStore::StreamOut(const Payload& p, const SliceFn& fn, int region) {
+  const int64_t n = p.region_numel();
+  for (int64_t begin = 0; begin < n; begin += p.slice_elements) {
+    const int64_t count = std::min(p.slice_elements, n - begin);
+    const int slot = AcquireSlot();
+    fn(begin, count, SliceViews(p, slot, 0, count, region));
+    StartWrite(p, slot, 0, begin, count, region);
+  }
 }
 
 }  // namespace ferry

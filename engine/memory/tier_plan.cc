@@ -5,11 +5,6 @@
 #include <numeric>
 
 namespace ferry {
-namespace {
-
-std::string Size(uint64_t bytes) { return BytesText(bytes); }
-
-}  // namespace
 
 // In the largest binary unit that keeps the figure at least 1.
 std::string BytesText(uint64_t bytes) {
@@ -25,49 +20,6 @@ std::string BytesText(uint64_t bytes) {
   return buf;
 }
 
-namespace {
-
-// The host side's needs under `tiers`: steady (every chunk's parameters and
-// gradients, the optimizer states kept on the host, the staging buffers) and
-// at its peak during construction.
-void HostNeeds(const TierInput& in, const std::vector<Tier>& tiers, TierPlan* plan) {
-  uint64_t steady = 0, largest_disk = 0, disk = 0, on_host_states = 0;
-  for (size_t c = 0; c < tiers.size(); ++c) {
-    steady += in.param_bytes[c] + in.grad_bytes[c];
-    if (tiers[c] == Tier::kDisk) {
-      largest_disk = std::max(largest_disk, AlignToDisk(in.optimizer_bytes[c]));
-      disk += AlignToDisk(in.optimizer_bytes[c]);
-    } else {
-      on_host_states += in.optimizer_bytes[c];
-    }
-  }
-  plan->staging_bytes = disk > 0 ? kDiskStagingBuffers * largest_disk : 0;
-  plan->host_steady_bytes = steady + on_host_states + plan->staging_bytes;
-  // Construction fills each chunk's parameters (and, with the masters, its
-  // host-kept states) before the values it was built from are freed; the
-  // gradients come later.
-  uint64_t all_params = 0;
-  for (uint64_t p : in.param_bytes) all_params += p;
-  uint64_t held = in.construction_bytes + plan->staging_bytes;
-  uint64_t peak = held;
-  for (size_t c = 0; c < tiers.size(); ++c) {
-    held += in.param_bytes[c];
-    if (in.masters_with_optimizer && tiers[c] == Tier::kHost) held += in.optimizer_bytes[c];
-    peak = std::max(peak, held);
-    const uint64_t built = all_params > 0 ? static_cast<uint64_t>(double(in.construction_bytes) *
-                                                                  double(in.param_bytes[c]) / double(all_params))
-                                          : 0;
-    held -= std::min(held, built);
-  }
-  plan->host_construction_bytes = peak;
-  plan->host_bytes = std::max(plan->host_steady_bytes, plan->host_construction_bytes);
-  plan->disk_bytes = disk;
-  plan->disk_read_bytes_per_step = disk;
-  plan->disk_write_bytes_per_step = disk;
-}
-
-}  // namespace
-
 const char* TierName(Tier tier) {
   switch (tier) {
     case Tier::kDevice:
@@ -82,40 +34,162 @@ const char* TierName(Tier tier) {
 
 uint64_t AlignToDisk(uint64_t bytes) { return (bytes + kDiskAlignment - 1) / kDiskAlignment * kDiskAlignment; }
 
-TierPlan PlanTiers(const TierInput& in) {
-  const size_t chunks = in.param_bytes.size();
+uint64_t DiskRegionBytes(int64_t elements, uint64_t element_bytes) {
+  const uint64_t bytes = static_cast<uint64_t>(elements) * element_bytes;
+  return (bytes + kDiskBlockBytes - 1) / kDiskBlockBytes * kDiskBlockBytes;
+}
+
+uint64_t DiskFileBytes(int64_t elements, uint64_t element_bytes, int regions) {
+  return static_cast<uint64_t>(regions) * DiskRegionBytes(elements, element_bytes);
+}
+
+int TierPlan::optimizer_chunks_on_disk() const {
+  return static_cast<int>(std::count(optimizer_tier.begin(), optimizer_tier.end(), Tier::kDisk));
+}
+
+int TierPlan::grad_chunks_on_disk() const {
+  return static_cast<int>(std::count(grad_tier.begin(), grad_tier.end(), Tier::kDisk));
+}
+
+TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precision) {
+  TierInput in;
+  in.elements = capacity;
+  in.weight_bytes = mixed_precision ? 2 : 4;
+  in.masters_with_optimizer = mixed_precision;
+  return in;
+}
+
+namespace {
+
+int64_t RoundUp(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
+
+// The staging slots and each chunk's slice for the payloads `plan` puts on
+// disk: a slice holds at most kDiskSliceBytes of them (and no more than the
+// chunk), in whole quanta.
+void ShapeStaging(const TierInput& in, TierPlan* plan) {
+  plan->slot_bytes = 0;
+  plan->slice_elements.assign(in.elements.size(), 0);
+  for (size_t c = 0; c < in.elements.size(); ++c) {
+    uint64_t per_element = 0;
+    if (plan->optimizer_tier[c] == Tier::kDisk) per_element += 4 * static_cast<uint64_t>(in.optimizer_regions());
+    if (plan->grad_tier[c] == Tier::kDisk) per_element += in.weight_bytes;
+    if (per_element == 0) continue;
+    const int64_t quanta = static_cast<int64_t>(kDiskSliceBytes / (per_element * kDiskSliceQuantum));
+    const int64_t most = std::max<int64_t>(1, quanta) * kDiskSliceQuantum;
+    const int64_t slice = std::min(most, RoundUp(std::max<int64_t>(in.elements[c], 1), kDiskSliceQuantum));
+    plan->slice_elements[c] = slice;
+    plan->slot_bytes = std::max(plan->slot_bytes, static_cast<uint64_t>(slice) * per_element);
+  }
+  plan->staging_bytes = kDiskStagingSlots * plan->slot_bytes;
+}
+
+// The host side's needs under the plan's tiers: steady (every chunk's
+// parameters, the gradients and optimizer states kept on the host, the
+// staging slots) and at its peak during construction.
+void HostNeeds(const TierInput& in, TierPlan* plan) {
+  ShapeStaging(in, plan);
+  uint64_t steady = 0;
+  plan->disk_optimizer_bytes = 0;
+  plan->disk_grad_bytes = 0;
+  for (size_t c = 0; c < in.elements.size(); ++c) {
+    steady += in.param_bytes(c);
+    if (plan->grad_tier[c] == Tier::kDisk) {
+      plan->disk_grad_bytes += DiskFileBytes(in.elements[c], in.weight_bytes, 1);
+    } else {
+      steady += in.grad_bytes(c);
+    }
+    if (plan->optimizer_tier[c] == Tier::kDisk) {
+      plan->disk_optimizer_bytes += DiskFileBytes(in.elements[c], 4, in.optimizer_regions());
+    } else {
+      steady += in.optimizer_bytes(c);
+    }
+  }
+  plan->host_steady_bytes = steady + plan->staging_bytes;
+  // Construction fills each chunk's parameters (and, with the masters, its
+  // host-kept states; a disk-kept chunk's masters are drawn into a chunk of
+  // fp32 first and written through the staging) before the values it was
+  // built from are freed; the gradients come later.
+  uint64_t all_params = 0;
+  for (size_t c = 0; c < in.elements.size(); ++c) all_params += in.param_bytes(c);
+  uint64_t held = in.built_bytes + in.init_scratch_bytes + plan->staging_bytes;
+  uint64_t peak = held;
+  for (size_t c = 0; c < in.elements.size(); ++c) {
+    held += in.param_bytes(c);
+    uint64_t drawn = 0;
+    if (in.masters_with_optimizer) {
+      if (plan->optimizer_tier[c] == Tier::kHost) {
+        held += in.optimizer_bytes(c);
+      } else {
+        drawn = static_cast<uint64_t>(in.elements[c]) * 4;
+      }
+    }
+    peak = std::max(peak, held + drawn);
+    const uint64_t built =
+        all_params > 0
+            ? static_cast<uint64_t>(double(in.built_bytes) * double(in.param_bytes(c)) / double(all_params))
+            : 0;
+    held -= std::min(held, built);
+  }
+  plan->host_construction_bytes = peak;
+  plan->host_bytes = std::max(plan->host_steady_bytes, plan->host_construction_bytes);
+  plan->disk_bytes = plan->disk_optimizer_bytes + plan->disk_grad_bytes;
+  plan->disk_read_bytes_per_step = plan->disk_bytes;
+  plan->disk_write_bytes_per_step = plan->disk_bytes;
+}
+
+// Disk time a step cannot hide: optimizer states are read and written in the
+// update; gradients are written behind the backward and only read there.
+uint64_t ExposedDiskBytes(const TierPlan& plan) { return 2 * plan.disk_optimizer_bytes + plan.disk_grad_bytes; }
+
+TierPlan AllOnHost(const TierInput& in) {
   TierPlan plan;
-  plan.optimizer_tier.assign(chunks, Tier::kHost);
-  HostNeeds(in, plan.optimizer_tier, &plan);
+  plan.optimizer_tier.assign(in.elements.size(), Tier::kHost);
+  plan.grad_tier.assign(in.elements.size(), Tier::kHost);
+  HostNeeds(in, &plan);
+  return plan;
+}
+
+}  // namespace
+
+TierPlan PlanTiers(const TierInput& in) {
+  const size_t chunks = in.elements.size();
+  TierPlan plan = AllOnHost(in);
   const auto host_fits = [&](const TierPlan& p) {
     return in.host_limit_bytes == 0 || p.host_bytes <= in.host_limit_bytes;
   };
   if (!host_fits(plan) && in.disk_limit_bytes > 0) {
-    // The staging buffers are sized for the largest state on disk, so a
-    // cap on what may go there trades staging for states kept: for each cap
-    // (each state's size), move the largest states under it until the host
-    // fits, and keep the feasible plan that puts the fewest bytes on disk
-    // (the least traffic). With no feasible cap, the plan that needs the
-    // least host memory shows how far off the budget is.
+    // Gradients first, the largest first, then optimizer states. In a small
+    // model the staging slots can be sized by the largest chunk on disk, so a
+    // cap on the states that may go there trades staging for states kept:
+    // for each cap (none, or each state's size) move what it allows until
+    // the host fits, and keep the feasible plan with the least exposed disk
+    // traffic. With no feasible cap, the plan that needs the least host
+    // memory shows how far off the budget is.
     std::vector<size_t> order(chunks);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return in.optimizer_bytes[a] > in.optimizer_bytes[b]; });
+                     [&](size_t a, size_t b) { return in.elements[a] > in.elements[b]; });
+    std::vector<uint64_t> caps = {0};
+    for (size_t c : order) caps.push_back(in.optimizer_bytes(c));
     TierPlan best, least = plan;
     bool found = false;
-    for (size_t cap : order) {
-      TierPlan trial;
-      trial.optimizer_tier.assign(chunks, Tier::kHost);
-      HostNeeds(in, trial.optimizer_tier, &trial);
+    for (uint64_t cap : caps) {
+      TierPlan trial = AllOnHost(in);
       for (size_t c : order) {
         if (host_fits(trial)) break;
-        if (in.optimizer_bytes[c] > in.optimizer_bytes[cap]) continue;
+        trial.grad_tier[c] = Tier::kDisk;
+        HostNeeds(in, &trial);
+      }
+      for (size_t c : order) {
+        if (host_fits(trial)) break;
+        if (in.optimizer_bytes(c) > cap) continue;
         trial.optimizer_tier[c] = Tier::kDisk;
-        HostNeeds(in, trial.optimizer_tier, &trial);
+        HostNeeds(in, &trial);
       }
       if (trial.host_bytes < least.host_bytes) least = trial;
-      if (host_fits(trial) && (!found || trial.disk_bytes < best.disk_bytes ||
-                               (trial.disk_bytes == best.disk_bytes && trial.host_bytes < best.host_bytes))) {
+      if (host_fits(trial) &&
+          (!found || ExposedDiskBytes(trial) < ExposedDiskBytes(best) ||
+           (ExposedDiskBytes(trial) == ExposedDiskBytes(best) && trial.host_bytes < best.host_bytes))) {
         best = trial;
         found = true;
       }
@@ -128,34 +202,33 @@ TierPlan PlanTiers(const TierInput& in) {
 
   uint64_t params = 0, grads = 0, states = 0;
   for (size_t c = 0; c < chunks; ++c) {
-    params += in.param_bytes[c];
-    grads += in.grad_bytes[c];
-    states += in.optimizer_bytes[c];
+    params += in.param_bytes(c);
+    grads += in.grad_bytes(c);
+    states += in.optimizer_bytes(c);
   }
-  std::string what = "memory: the model's data does not fit: " + Size(params) + " of weights, " + Size(grads) +
-                     " of gradients and " + Size(states) + " of optimizer states";
+  std::string what = "memory: the model's data does not fit: " + BytesText(params) + " of weights, " +
+                     BytesText(grads) + " of gradients and " + BytesText(states) + " of optimizer states";
   const std::string disk_limit =
       in.disk_limit_is_free_space
-          ? Size(in.disk_limit_bytes) + " the disk tier may take (9/10 of the free space under " + in.disk_dir +
+          ? BytesText(in.disk_limit_bytes) + " the disk tier may take (9/10 of the free space under " + in.disk_dir +
                 "; memory.disk_budget is unset)"
-          : Size(in.disk_limit_bytes) + " of memory.disk_budget";
+          : BytesText(in.disk_limit_bytes) + " of memory.disk_budget";
   if (!host_fits(plan)) {
-    int on_disk = 0;
-    for (Tier t : plan.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
     if (in.disk_limit_bytes > 0) {
-      what += "; even with the optimizer states of " + std::to_string(on_disk) + " of " + std::to_string(chunks) +
-              " chunks on disk the host needs " + Size(plan.host_bytes) + " (" +
-              Size(plan.host_steady_bytes - plan.staging_bytes) + " of weights, gradients and states kept, " +
-              Size(plan.staging_bytes) + " of disk staging buffers; " + Size(plan.host_construction_bytes) +
+      what += "; even with the gradients of " + std::to_string(plan.grad_chunks_on_disk()) +
+              " and the optimizer states of " + std::to_string(plan.optimizer_chunks_on_disk()) + " of " +
+              std::to_string(chunks) + " chunks on disk the host needs " + BytesText(plan.host_bytes) + " (" +
+              BytesText(plan.host_steady_bytes - plan.staging_bytes) + " of weights, gradients and states kept, " +
+              BytesText(plan.staging_bytes) + " of disk staging; " + BytesText(plan.host_construction_bytes) +
               " while the model is built)";
     } else if (!in.disk_dir.empty()) {
-      what += "; the host needs " + Size(plan.host_bytes) + " and the disk tier under " + in.disk_dir +
+      what += "; the host needs " + BytesText(plan.host_bytes) + " and the disk tier under " + in.disk_dir +
               " has no room (" + (in.disk_limit_is_free_space ? "its file system is full" : "memory.disk_budget is 0") +
               ")";
     } else {
-      what += "; the host needs " + Size(plan.host_bytes) + " and there is no disk tier";
+      what += "; the host needs " + BytesText(plan.host_bytes) + " and there is no disk tier";
     }
-    what += ", more than the " + Size(in.host_limit_bytes) + " of memory.host_budget. Raise memory.host_budget, ";
+    what += ", more than the " + BytesText(in.host_limit_bytes) + " of memory.host_budget. Raise memory.host_budget, ";
     if (in.disk_dir.empty()) {
       what += "give the job a disk tier (memory.disk_dir), ";
     } else if (in.disk_limit_bytes == 0) {
@@ -163,8 +236,9 @@ TierPlan PlanTiers(const TierInput& in) {
     }
     what += "or choose a smaller model";
   } else {
-    what += "; the disk tier needs " + Size(plan.disk_bytes) + " for the optimizer states that do not fit " +
-            Size(in.host_limit_bytes) + " of memory.host_budget, more than the " + disk_limit +
+    what += "; the disk tier needs " + BytesText(plan.disk_bytes) +
+            " for the gradients and optimizer states that do not fit " + BytesText(in.host_limit_bytes) +
+            " of memory.host_budget, more than the " + disk_limit +
             ". Raise memory.disk_budget or free space under memory.disk_dir" +
             (in.disk_dir.empty() ? std::string() : " (" + in.disk_dir + ")") +
             ", raise memory.host_budget, or choose a smaller model";

@@ -5,13 +5,18 @@
 // plans with it when it is created, the daemon at submit time with the same
 // inputs, so a job the daemon accepts is one the manager can place.
 //
-// Every payload has one authoritative copy. Parameters and gradients of
-// chunks the device does not keep are used every step on the host side, so
-// they live in host memory; the optimizer states (the AdamW moments, and the
-// fp32 master weights in mixed precision) are used once a step, by the
-// update, so they are what goes to disk when host memory is short: read
-// ahead of their chunk's update and written behind it, through a few staging
-// buffers that are host memory too.
+// Every payload has one authoritative copy. Parameters of chunks the device
+// does not keep are used in every forward and backward, so they live in host
+// memory. The optimizer states (the AdamW moments, and the fp32 master
+// weights in mixed precision) are used once a step, by the update, and the
+// gradients are written once (when their chunk's backward is complete) and
+// read once (by the update): they are what goes to disk when host memory is
+// short. Gradients go first: their write hides behind the rest of the
+// backward, so a byte of host memory freed costs half the exposed disk time
+// a byte of optimizer states does. On disk, a payload is read and written
+// through a few staging slots of host memory a slice of its chunk at a time
+// (while slice k is updated, slice k+1 is read and slice k-1 written), so
+// staging stays small however large the chunks are.
 //
 // The plan is made before any step, so it assumes every chunk's host side is
 // kept there (as in the warm-up); chunks the device plan later homes on the
@@ -32,29 +37,41 @@ constexpr uint64_t kDiskAlignment = 4096;
 uint64_t AlignToDisk(uint64_t bytes);
 // The disk tier checksums its files in blocks of this size, and reads and
 // writes parts of a file a whole number of blocks at a time.
-constexpr uint64_t kDiskBlockBytes = 64 << 10;
+constexpr uint64_t kDiskBlockBytes = 16 << 10;
 
 // Bytes for people: "768.00 KiB", "12.37 GiB".
 std::string BytesText(uint64_t bytes);
 
-// Staging buffers of the disk tier: while chunk i is updated, chunk i+1's
-// states are read into one and chunk i-1's written from another.
-constexpr int kDiskStagingBuffers = 3;
+// The disk tier's staging: this many slots, each holding at most
+// kDiskSliceBytes of a chunk's payloads on disk (a slice of the chunk).
+constexpr int kDiskStagingSlots = 4;
+constexpr uint64_t kDiskSliceBytes = 32 << 20;
+// Slices are multiples of this many elements, so that every region of a
+// slice of 2- or 4-byte elements is a whole number of blocks.
+constexpr int64_t kDiskSliceQuantum = static_cast<int64_t>(kDiskBlockBytes / 2);
+
+// A payload's chunk file: `regions` runs of `elements` elements of
+// `element_bytes` each (the optimizer states' moments and masters are
+// regions of one file), each starting at a block.
+uint64_t DiskRegionBytes(int64_t elements, uint64_t element_bytes);
+uint64_t DiskFileBytes(int64_t elements, uint64_t element_bytes, int regions);
 
 struct TierInput {
-  // Per chunk: bytes of its parameters, its gradients and its optimizer
-  // states.
-  std::vector<uint64_t> param_bytes;
-  std::vector<uint64_t> grad_bytes;
-  std::vector<uint64_t> optimizer_bytes;
-  // Host bytes of the model's values as built (fp32, 4 bytes a parameter),
-  // before they move into chunks. They move a chunk at a time, in chunk
-  // order, each chunk's freed once the chunk is filled.
-  uint64_t construction_bytes = 0;
-  // Mixed precision: the optimizer states hold the fp32 masters, so they
-  // are filled at construction too (in fp32 they start at the first
-  // update).
+  // Per chunk: the elements each of its payloads holds (its capacity).
+  std::vector<int64_t> elements;
+  // Bytes an element of the weights and of the gradients: 4 in fp32, 2 in
+  // fp16 and bf16.
+  uint64_t weight_bytes = 4;
+  // Mixed precision: the optimizer states hold the fp32 masters beside the
+  // two moments (three fp32 regions, not two), so they are filled at
+  // construction too (in fp32 they start at the first update).
   bool masters_with_optimizer = false;
+  // Host bytes of the model's values while they move into chunks: as built
+  // (fp32, 4 bytes a parameter, freed a chunk at a time as each chunk is
+  // filled), and the scratch of drawing a parameter straight into its chunk
+  // (held until every chunk is filled).
+  uint64_t built_bytes = 0;
+  uint64_t init_scratch_bytes = 0;
   // Host bytes for model data; 0: no limit.
   uint64_t host_limit_bytes = 0;
   // Bytes the disk tier may hold (0: nothing goes to disk), its directory
@@ -63,33 +80,56 @@ struct TierInput {
   uint64_t disk_limit_bytes = 0;
   std::string disk_dir;
   bool disk_limit_is_free_space = false;
+
+  int optimizer_regions() const { return masters_with_optimizer ? 3 : 2; }
+  uint64_t param_bytes(size_t c) const { return static_cast<uint64_t>(elements[c]) * weight_bytes; }
+  uint64_t grad_bytes(size_t c) const { return param_bytes(c); }
+  uint64_t optimizer_bytes(size_t c) const { return static_cast<uint64_t>(elements[c]) * 4 * optimizer_regions(); }
 };
+
+// The input for chunks of `capacity` elements each, in fp32 or mixed
+// precision; construction and the limits are left for the caller.
+TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precision);
 
 struct TierPlan {
   bool feasible = false;
-  // Per chunk: where its optimizer states live (kHost or kDisk).
+  // Per chunk: where its optimizer states and its gradients live (kHost or
+  // kDisk).
   std::vector<Tier> optimizer_tier;
+  std::vector<Tier> grad_tier;
+  // The staging slots (kDiskStagingSlots of slot_bytes, 0 with nothing on
+  // disk) and, per chunk, the elements of a slice of its payloads on disk
+  // (0 for a chunk with none).
+  uint64_t slot_bytes = 0;
+  std::vector<int64_t> slice_elements;
   // Predicted peak of host memory for model data: the larger of the steady
-  // state and construction, staging buffers included.
+  // state and construction, staging included.
   uint64_t host_bytes = 0;
   uint64_t host_steady_bytes = 0;
   uint64_t host_construction_bytes = 0;
   uint64_t staging_bytes = 0;
   // Bytes of the chunk files on disk.
   uint64_t disk_bytes = 0;
-  // Disk traffic of a step that updates every chunk on the host side.
+  uint64_t disk_optimizer_bytes = 0;
+  uint64_t disk_grad_bytes = 0;
+  // Disk traffic of a step that updates every chunk on the host side: each
+  // file read once and written once.
   uint64_t disk_read_bytes_per_step = 0;
   uint64_t disk_write_bytes_per_step = 0;
   // Why it is infeasible: the numbers per tier and what to change.
   std::string problem;
+
+  int optimizer_chunks_on_disk() const;
+  int grad_chunks_on_disk() const;
 };
 
-// Keeps every optimizer state on the host while the host limit allows;
-// otherwise moves states to disk until the host side fits, choosing among
-// caps on the size of a state on disk (which sizes the staging buffers) the
-// plan that puts the fewest bytes there. Infeasible when no choice brings the
-// host within its limit (the plan returned is then the one needing the least
-// host memory) or the disk states are over the disk's.
+// Keeps everything on the host while the host limit allows; otherwise moves
+// gradients to disk, largest first, then optimizer states, choosing among
+// caps on the size of a state on disk (which can size the staging slots of
+// small models) the plan that costs the least exposed disk traffic. It is
+// infeasible when no choice brings the host within its limit (the plan
+// returned is then the one needing the least host memory) or the files are
+// over the disk's limit.
 TierPlan PlanTiers(const TierInput& input);
 
 // What the host side may use when the job sets no memory.host_budget: most

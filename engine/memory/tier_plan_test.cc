@@ -2,139 +2,158 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace ferry {
 namespace {
 
-// Four chunks in bf16: 2 bytes of weights and of gradients and 12 of
-// optimizer states (moments and fp32 masters) a parameter; chunk 1 is the
-// largest. Built in fp32, 4 bytes a parameter.
-TierInput FourChunks(uint64_t host_limit, uint64_t disk_limit) {
-  TierInput in;
-  const uint64_t params[] = {1 << 20, 3 << 20, 1 << 20, 1 << 20};
-  for (uint64_t n : params) {
-    in.param_bytes.push_back(2 * n);
-    in.grad_bytes.push_back(2 * n);
-    in.optimizer_bytes.push_back(12 * n);
-    in.construction_bytes += 4 * n;
-  }
-  in.masters_with_optimizer = true;
+constexpr uint64_t kMiB = 1 << 20;
+constexpr int64_t kM = 1 << 20;
+
+// Chunks in bf16: 2 bytes of weights and of gradients and 12 of optimizer
+// states (moments and fp32 masters) an element.
+TierInput Bf16(const std::vector<int64_t>& elements, uint64_t host_limit, uint64_t disk_limit) {
+  TierInput in = ChunkTierInput(elements, /*mixed_precision=*/true);
   in.host_limit_bytes = host_limit;
   in.disk_limit_bytes = disk_limit;
   return in;
 }
 
-constexpr uint64_t kMiB = 1 << 20;
+// Four chunks, chunk 1 the largest, built in fp32 (4 bytes a parameter).
+TierInput FourChunks(uint64_t host_limit, uint64_t disk_limit) {
+  TierInput in = Bf16({1 * kM, 3 * kM, 1 * kM, 1 * kM}, host_limit, disk_limit);
+  in.built_bytes = 4 * 6 * kMiB;
+  return in;
+}
+
+TEST(TierPlanTest, ChunkTierInputCountsBytesAnElement) {
+  TierInput fp32 = ChunkTierInput({10, 20}, false);
+  EXPECT_EQ(fp32.param_bytes(1), 80u);
+  EXPECT_EQ(fp32.grad_bytes(1), 80u);
+  EXPECT_EQ(fp32.optimizer_bytes(1), 160u) << "two fp32 moments";
+  TierInput bf16 = ChunkTierInput({10, 20}, true);
+  EXPECT_EQ(bf16.param_bytes(1), 40u);
+  EXPECT_EQ(bf16.optimizer_bytes(1), 240u) << "two moments and the fp32 masters";
+  EXPECT_TRUE(bf16.masters_with_optimizer);
+}
 
 TEST(TierPlanTest, EverythingStaysOnTheHostWhenItFits) {
   TierPlan plan = PlanTiers(FourChunks(0, 1ull << 40));
   ASSERT_TRUE(plan.feasible);
   for (Tier t : plan.optimizer_tier) EXPECT_EQ(t, Tier::kHost);
+  for (Tier t : plan.grad_tier) EXPECT_EQ(t, Tier::kHost);
   EXPECT_EQ(plan.disk_bytes, 0u);
   EXPECT_EQ(plan.staging_bytes, 0u);
+  EXPECT_EQ(plan.slot_bytes, 0u);
   // 6 M parameters x 16 bytes.
   EXPECT_EQ(plan.host_steady_bytes, 96 * kMiB);
   EXPECT_EQ(plan.host_bytes, 96 * kMiB);
 }
 
 TEST(TierPlanTest, ConstructionPeakFollowsTheChunksAsTheyFill) {
-  // Everything on the host: each chunk adds 14 B a parameter and frees 4, so
-  // the peak is at the end: 6 M x 14.
+  // Everything on the host: each chunk adds 14 B a parameter and frees the
+  // 4 it was built in: 6 M x 14 when the last chunk is filled, its 4 MiB of
+  // built values not yet freed.
   TierPlan plan = PlanTiers(FourChunks(0, 0));
-  // 6 M x 14 when the last chunk is filled, its 4 MiB of built values not
-  // yet freed.
   EXPECT_EQ(plan.host_construction_bytes, 88 * kMiB);
+  // Drawn straight into the chunks instead: the draw's scratch is held to
+  // the end (14 x 6 + 10 MiB).
+  TierInput drawn = FourChunks(0, 0);
+  drawn.built_bytes = 0;
+  drawn.init_scratch_bytes = 10 * kMiB;
+  EXPECT_EQ(PlanTiers(drawn).host_construction_bytes, 94 * kMiB);
   // fp32 starts its optimizer states at the first update: construction only
   // swaps built values for chunk copies of the same size.
-  TierInput fp32 = FourChunks(0, 0);
-  fp32.masters_with_optimizer = false;
-  for (size_t c = 0; c < fp32.param_bytes.size(); ++c) fp32.param_bytes[c] *= 2;
+  TierInput fp32 = ChunkTierInput({1 * kM, 3 * kM, 1 * kM, 1 * kM}, false);
+  fp32.built_bytes = 24 * kMiB;
   plan = PlanTiers(fp32);
   // Built 24 MiB; the largest chunk (12 MiB) is filled before its values go.
   EXPECT_EQ(plan.host_construction_bytes, 36 * kMiB);
 }
 
-TEST(TierPlanTest, TheStagingBuffersAreWeighedAgainstTheStatesMoved) {
-  // 96 MiB on the host with every state there. Moving the largest (36 MiB)
-  // costs 3 x 36 MiB of staging: the planner moves the three small states
-  // instead (36 MiB out, 3 x 12 MiB of staging in).
-  TierPlan plan = PlanTiers(FourChunks(96 * kMiB - 1, 1ull << 40));
-  ASSERT_FALSE(plan.feasible) << "moving the small ones frees exactly what their staging takes";
-  plan = PlanTiers(FourChunks(90 * kMiB, 1ull << 40));
-  ASSERT_FALSE(plan.feasible) << "24 MiB + 3 x 36 MiB with all on disk; 96 MiB with the small ones";
-  EXPECT_NE(plan.problem.find("memory.host_budget"), std::string::npos) << plan.problem;
-  // The least the host can need is shown: 96 MiB with every state on the
-  // host (the three small ones on disk need 100 MiB while the model is
-  // built, all four 24 + 3 x 36 MiB).
-  EXPECT_EQ(plan.host_bytes, 96 * kMiB) << plan.problem;
-  EXPECT_NE(plan.problem.find("the host needs 96.00 MiB"), std::string::npos) << plan.problem;
-}
-
-TEST(TierPlanTest, ChunksOfEqualSizeMoveUntilTheHostFits) {
-  // Eight equal chunks of 1 M parameters: 128 MiB on the host. Each state
-  // moved saves 12 MiB, the staging costs 36 MiB once.
-  TierInput in;
-  for (int c = 0; c < 8; ++c) {
-    in.param_bytes.push_back(2 * kMiB);
-    in.grad_bytes.push_back(2 * kMiB);
-    in.optimizer_bytes.push_back(12 * kMiB);
-    in.construction_bytes += 4 * kMiB;
-  }
-  in.masters_with_optimizer = true;
-  in.disk_limit_bytes = 1ull << 40;
-  in.host_limit_bytes = 100 * kMiB;
+TEST(TierPlanTest, GradientsGoToDiskBeforeOptimizerStates) {
+  // Eight chunks of 16 M parameters: 256 MiB each on the host, 2 GiB in
+  // all. A gradient on disk frees 32 MiB and its slice of the chunk fills a
+  // 32 MiB slot; the four slots cost 128 MiB once.
+  TierInput in = Bf16(std::vector<int64_t>(8, 16 * kM), 1900 * kMiB, 1ull << 40);
   TierPlan plan = PlanTiers(in);
   ASSERT_TRUE(plan.feasible) << plan.problem;
-  int on_disk = 0;
-  for (Tier t : plan.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
-  // k on disk: 128 - 12k + 36 <= 100 -> k >= 5.33.
-  EXPECT_EQ(on_disk, 6);
-  for (int c = 0; c < 6; ++c) EXPECT_EQ(plan.optimizer_tier[static_cast<size_t>(c)], Tier::kDisk) << c;
-  EXPECT_LE(plan.host_bytes, in.host_limit_bytes);
-  EXPECT_EQ(plan.disk_bytes, 6 * 12 * kMiB);
-  EXPECT_EQ(plan.staging_bytes, 3 * 12 * kMiB);
+  // Every gradient (2048 - 256 + 128 = 1920 MiB, still too much), then one
+  // chunk's states: 1728 MiB.
+  EXPECT_EQ(plan.grad_chunks_on_disk(), 8);
+  EXPECT_EQ(plan.optimizer_chunks_on_disk(), 1);
+  EXPECT_EQ(plan.optimizer_tier[0], Tier::kDisk);
+  EXPECT_EQ(plan.slot_bytes, 32 * kMiB);
+  EXPECT_EQ(plan.staging_bytes, kDiskStagingSlots * 32 * kMiB);
+  EXPECT_EQ(plan.host_steady_bytes, 1728 * kMiB);
+  EXPECT_EQ(plan.disk_grad_bytes, 8 * 32 * kMiB);
+  EXPECT_EQ(plan.disk_optimizer_bytes, 192 * kMiB);
+  EXPECT_EQ(plan.disk_bytes, plan.disk_grad_bytes + plan.disk_optimizer_bytes);
   EXPECT_EQ(plan.disk_read_bytes_per_step, plan.disk_bytes);
   EXPECT_EQ(plan.disk_write_bytes_per_step, plan.disk_bytes);
+  // The states' chunk goes through in slices of 14 bytes an element (a
+  // whole number of quanta within 32 MiB), the others' gradients whole.
+  const int64_t slice = static_cast<int64_t>(kDiskSliceBytes / (14 * kDiskSliceQuantum)) * kDiskSliceQuantum;
+  EXPECT_EQ(plan.slice_elements[0], slice);
+  EXPECT_GT(slice * 14, static_cast<int64_t>(kDiskSliceBytes - 14 * kDiskSliceQuantum));
+  for (size_t c = 1; c < 8; ++c) EXPECT_EQ(plan.slice_elements[c], 16 * kM) << c;
 }
 
-TEST(TierPlanTest, DiskFilesAreWholeBlocks) {
-  // Four chunks of 60,000 bytes of states: 15 blocks each on disk.
-  TierInput in;
-  for (int c = 0; c < 4; ++c) {
-    in.param_bytes.push_back(1000);
-    in.grad_bytes.push_back(1000);
-    in.optimizer_bytes.push_back(60000);
-  }
-  in.host_limit_bytes = 200000;
-  in.disk_limit_bytes = 1 << 20;
+TEST(TierPlanTest, StagingIsASliceOfAChunkHoweverLargeTheChunk) {
+  // Two chunks of 80 M parameters (GPT-2 XL's embedding is one): 2.5 GiB of
+  // model data. Everything goes to disk; the host keeps the weights and
+  // four slots of at most 32 MiB (and while the model is built, a chunk's
+  // masters drawn in fp32).
+  TierInput in = Bf16({80 * kM, 80 * kM}, 800 * kMiB, 1ull << 40);
   TierPlan plan = PlanTiers(in);
   ASSERT_TRUE(plan.feasible) << plan.problem;
-  EXPECT_EQ(plan.disk_bytes, 4 * 61440u);
-  EXPECT_EQ(plan.staging_bytes, 3 * 61440u);
-  EXPECT_EQ(plan.host_bytes, 8000u + 3 * 61440u);
+  EXPECT_EQ(plan.grad_chunks_on_disk(), 2);
+  EXPECT_EQ(plan.optimizer_chunks_on_disk(), 2);
+  EXPECT_LE(plan.slot_bytes, kDiskSliceBytes);
+  EXPECT_EQ(plan.slot_bytes, kDiskSliceBytes / (14 * kDiskSliceQuantum) * kDiskSliceQuantum * 14);
+  EXPECT_EQ(plan.host_steady_bytes, 2 * 160 * kMiB + kDiskStagingSlots * plan.slot_bytes);
+  // Construction draws a disk chunk's masters in fp32 before writing them.
+  EXPECT_EQ(plan.host_construction_bytes, plan.staging_bytes + 2 * 160 * kMiB + 320 * kMiB);
+  EXPECT_LE(plan.host_bytes, in.host_limit_bytes);
+}
+
+TEST(TierPlanTest, DiskFilesAreWholeBlocksPerRegion) {
+  // 10,000 elements in bf16: the states' three fp32 regions of 40,000
+  // bytes each start at a block; the gradients are one region of 20,000.
+  const uint64_t b = kDiskBlockBytes;
+  EXPECT_EQ(DiskRegionBytes(10000, 4), (40000 + b - 1) / b * b);
+  EXPECT_EQ(DiskFileBytes(10000, 4, 3), 3 * DiskRegionBytes(10000, 4));
+  EXPECT_EQ(DiskFileBytes(10000, 2, 1), (20000 + b - 1) / b * b);
+  EXPECT_EQ(DiskRegionBytes(static_cast<int64_t>(b), 2), 2 * b);
   EXPECT_EQ(AlignToDisk(1), kDiskAlignment);
   EXPECT_EQ(AlignToDisk(4096), 4096u);
   EXPECT_EQ(AlignToDisk(0), 0u);
 }
 
+TEST(TierPlanTest, WhereNothingFitsTheLeastTheHostCanNeedIsShown) {
+  // Moving anything of these small chunks costs more staging (four slots of
+  // at least a slice quantum) than it frees.
+  TierInput in = Bf16({20000, 20000, 20000}, 900000, 1ull << 40);
+  TierPlan plan = PlanTiers(in);
+  ASSERT_FALSE(plan.feasible);
+  EXPECT_EQ(plan.host_bytes, 960000u) << "everything on the host: 60,000 x 16";
+  EXPECT_NE(plan.problem.find("memory.host_budget"), std::string::npos) << plan.problem;
+  EXPECT_NE(plan.problem.find("the host needs 937.50 KiB"), std::string::npos) << plan.problem;
+}
+
 TEST(TierPlanTest, TooSmallADiskIsNamed) {
-  TierInput in;
-  for (int c = 0; c < 8; ++c) {
-    in.param_bytes.push_back(2 * kMiB);
-    in.grad_bytes.push_back(2 * kMiB);
-    in.optimizer_bytes.push_back(12 * kMiB);
-  }
-  in.host_limit_bytes = 100 * kMiB;
-  in.disk_limit_bytes = 50 * kMiB;
+  TierInput in = Bf16(std::vector<int64_t>(8, 16 * kM), 1900 * kMiB, 300 * kMiB);
   TierPlan plan = PlanTiers(in);
   ASSERT_FALSE(plan.feasible);
   EXPECT_NE(plan.problem.find("memory.disk_budget"), std::string::npos) << plan.problem;
-  EXPECT_NE(plan.problem.find("the disk tier needs 72.00 MiB"), std::string::npos) << plan.problem;
+  EXPECT_NE(plan.problem.find("the disk tier needs 448.00 MiB"), std::string::npos) << plan.problem;
 }
 
 TEST(TierPlanTest, WithoutADiskTierTheHostLimitIsFinal) {
   TierPlan plan = PlanTiers(FourChunks(50 * kMiB, 0));
   ASSERT_FALSE(plan.feasible);
   for (Tier t : plan.optimizer_tier) EXPECT_EQ(t, Tier::kHost);
+  for (Tier t : plan.grad_tier) EXPECT_EQ(t, Tier::kHost);
   EXPECT_NE(plan.problem.find("there is no disk tier"), std::string::npos) << plan.problem;
   EXPECT_NE(plan.problem.find("memory.host_budget"), std::string::npos) << plan.problem;
 }

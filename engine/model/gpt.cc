@@ -248,19 +248,24 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
     out.fill_(init.fill);
     return;
   }
-  // Drawn whole, in the same order on every rank, whatever the group.
-  std::vector<int64_t> whole = shape;
+  // Drawn whole, in the same order on every rank, whatever the group; a
+  // tensor that is all this rank's is drawn in place (the same numbers: the
+  // generator fills a contiguous tensor in memory order, whatever its shape).
   const int dim = ShardedDim(name);
-  if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
+  if ((dim < 0 || tensor_->size() == 1) && out.scalar_type() == at::kFloat) {
+    out.normal_(0.0, init.std, generator_);
+    return;
+  }
+  std::vector<int64_t> whole = shape;
+  whole[static_cast<size_t>(dim)] *= tensor_->size();
   out.copy_(PartOf(name, at::empty(whole).normal_(0.0, init.std, generator_), *tensor_).reshape(out.sizes()));
 }
 
 uint64_t GptImpl::InitialValueScratchBytes(size_t index) const {
   const auto& [name, shape] = pending_.at(index);
-  if (!InitialiserOf(name, config_.layers).drawn) return 0;
-  uint64_t n = sizeof(float);
+  if (!InitialiserOf(name, config_.layers).drawn || ShardedDim(name) < 0 || tensor_->size() == 1) return 0;
+  uint64_t n = sizeof(float) * static_cast<uint64_t>(tensor_->size());
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  if (ShardedDim(name) >= 0) n *= static_cast<uint64_t>(tensor_->size());
   return n;
 }
 

@@ -128,9 +128,10 @@ class GptImpl : public torch::nn::Module {
   void InitialValue(size_t index, at::Tensor out);
   // Whether parameters are still waiting for InitialValue.
   bool deferred() const { return next_initial_ < pending_.size(); }
-  // The bytes InitialValue(index) takes while it runs: the parameter's
-  // whole tensor across the tensor group, in fp32, for a drawn one; 0 for
-  // one set to a constant.
+  // The bytes InitialValue(index) takes while it runs into an fp32 `out`:
+  // the parameter's whole tensor across the tensor group, in fp32, for a
+  // drawn tensor-parallel shard; 0 for one set to a constant or drawn in
+  // place (all of it this rank's).
   uint64_t InitialValueScratchBytes(size_t index) const;
 
   // tokens: [batch, time] int64 with time <= seq_len -> logits

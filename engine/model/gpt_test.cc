@@ -102,8 +102,8 @@ TEST(GptTest, DeferredInitialisationIsTheSameModel) {
     EXPECT_LE(built[i].value().storage().nbytes(), sizeof(float)) << built[i].key() << ": a placeholder";
     const bool drawn = built[i].key().find("ln_") == std::string::npos &&
                        built[i].key().find(".bias") == std::string::npos;
-    EXPECT_EQ(later->InitialValueScratchBytes(i), drawn ? expected[i].value().numel() * sizeof(float) : 0u)
-        << built[i].key() << ": a drawn parameter's whole tensor, in fp32";
+    (void)drawn;
+    EXPECT_EQ(later->InitialValueScratchBytes(i), 0u) << built[i].key() << ": drawn in place, or a constant";
   }
   EXPECT_THROW(later->InitialValue(1, at::empty({built[1].value().numel()})), std::logic_error) << "out of order";
   for (size_t i = 0; i < built.size(); ++i) {
@@ -114,6 +114,20 @@ TEST(GptTest, DeferredInitialisationIsTheSameModel) {
   EXPECT_FALSE(later->deferred());
   EXPECT_TRUE(torch::equal(torch::randn({4}), after_now)) << "the generator is where kNow leaves it";
   EXPECT_THROW(later->InitialValue(0, at::empty({1})), std::logic_error) << "once each";
+}
+
+// What drawing in place relies on: the generator fills a contiguous fp32
+// tensor in memory order, so a flat view of a parameter's elements gets the
+// numbers its shaped tensor would (Box-Muller in groups of 16 included).
+TEST(GptTest, NormalDrawsDependOnlyOnTheNumberOfElements) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{50, 33}, {7, 3}, {1600, 4800}, {17}}) {
+    torch::manual_seed(11);
+    const at::Tensor shaped = at::empty(shape).normal_(0.0, 0.02);
+    torch::manual_seed(11);
+    at::Tensor chunk = at::zeros({shaped.numel() + 40});
+    chunk.narrow(0, 40, shaped.numel()).normal_(0.0, 0.02);
+    EXPECT_TRUE(torch::equal(chunk.narrow(0, 40, shaped.numel()), shaped.reshape({-1}))) << shape.size();
+  }
 }
 
 TEST(GptTest, RejectsSequencesLongerThanContext) {

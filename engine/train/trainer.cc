@@ -364,14 +364,12 @@ class ChunkedEngine : public StepEngine {
                                      device_->name(), double(device_->capacity_bytes()) / (1 << 20)));
     const TierPlan& tiers = manager_->tier_plan();
     if (tiers.disk_bytes > 0) {
-      int on_disk = 0;
-      for (Tier t : tiers.optimizer_tier) on_disk += t == Tier::kDisk ? 1 : 0;
       observer_->OnLog(LogLevel::kInfo,
-                       absl::StrFormat("memory: optimizer states of %d of %d chunks on disk (%s in %s), "
-                                       "host side %s of %s",
-                                       on_disk, layout.chunk_count(), BytesText(tiers.disk_bytes),
-                                       manager_->disk_dir(), BytesText(tiers.host_bytes),
-                                       BytesText(memory.host_budget_bytes)));
+                       absl::StrFormat("memory: gradients of %d and optimizer states of %d of %d chunks on disk "
+                                       "(%s in %s), host side %s of %s",
+                                       tiers.grad_chunks_on_disk(), tiers.optimizer_chunks_on_disk(),
+                                       layout.chunk_count(), BytesText(tiers.disk_bytes), manager_->disk_dir(),
+                                       BytesText(tiers.host_bytes), BytesText(memory.host_budget_bytes)));
     }
     return absl::OkStatus();
   }

@@ -524,23 +524,13 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   search.max_chunks = options.max_chunks;
   absl::StatusOr<ChunkLayout> layout = ChooseChunkLayout(numels, groups, options.chunk_elements, search);
   if (!layout.ok()) return layout.status();
-  // fp32: 4 bytes of weights and of gradients and 8 of AdamW moments an
-  // element; mixed precision: 2, 2, and 12 (the moments and fp32 masters).
   const bool mixed = spec.train().precision() == ferry::v1::PRECISION_FP16 ||
                      spec.train().precision() == ferry::v1::PRECISION_BF16;
-  const uint64_t weight = mixed ? 2 : 4, optimizer = mixed ? 12 : 8;
-  TierInput input;
-  for (int64_t capacity : layout->capacity) {
-    const uint64_t elements = static_cast<uint64_t>(capacity);
-    input.param_bytes.push_back(SaturatingMul(elements, weight));
-    input.grad_bytes.push_back(SaturatingMul(elements, weight));
-    input.optimizer_bytes.push_back(SaturatingMul(elements, optimizer));
-  }
+  TierInput input = ChunkTierInput(layout->capacity, mixed);
   // The model is built without its values, which are drawn into the
-  // chunks a parameter at a time: what that takes is one parameter drawn
-  // whole in fp32 (a shard's tensor across the group, at most).
-  input.construction_bytes = SaturatingMul(SaturatingMul(static_cast<uint64_t>(largest), tensor), 4);
-  input.masters_with_optimizer = mixed;
+  // chunks a parameter at a time, in place; a tensor-parallel shard is
+  // drawn whole in fp32 first (a shard's tensor across the group, at most).
+  if (tensor > 1) input.init_scratch_bytes = SaturatingMul(SaturatingMul(static_cast<uint64_t>(largest), tensor), 4);
   return input;
 }
 

@@ -382,37 +382,42 @@ TEST(SpecValidatorTest, RankTierInputIsTheChunkManagersLayout) {
   const JobSpec small = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}");
   absl::StatusOr<TierInput> in = RankTierInput(small);
   ASSERT_TRUE(in.ok()) << in.status();
-  const size_t chunks = in->param_bytes.size();
+  const size_t chunks = in->elements.size();
   EXPECT_GE(chunks, 14u);
   EXPECT_LE(chunks, 64u);
   uint64_t params = 0;
   for (size_t c = 0; c < chunks; ++c) {
-    params += in->param_bytes[c] / 4;
-    EXPECT_EQ(in->grad_bytes[c], in->param_bytes[c]);
-    EXPECT_EQ(in->optimizer_bytes[c], 2 * in->param_bytes[c]) << "fp32: two moments";
+    params += static_cast<uint64_t>(in->elements[c]);
+    EXPECT_EQ(in->param_bytes(c), 4 * static_cast<uint64_t>(in->elements[c]));
+    EXPECT_EQ(in->grad_bytes(c), in->param_bytes(c));
+    EXPECT_EQ(in->optimizer_bytes(c), 2 * in->param_bytes(c)) << "fp32: two moments";
   }
   EXPECT_EQ(params, static_cast<uint64_t>(ToGptConfig(small.model()).ParameterCount())) << "no capacity wasted";
-  // Built without values, drawn a parameter at a time into the chunks: the
-  // largest draw is the token embedding, in fp32.
+  // Built without values, drawn a parameter at a time straight into the
+  // chunks: no scratch.
   const GptConfig config = ToGptConfig(small.model());
-  EXPECT_EQ(in->construction_bytes, 4u * static_cast<uint64_t>(config.vocab_size * config.hidden));
+  EXPECT_EQ(in->init_scratch_bytes, 0u);
+  EXPECT_EQ(in->built_bytes, 0u);
   EXPECT_FALSE(in->masters_with_optimizer);
   // bf16: 2 bytes of weights, 12 of states; a chunk size caps each chunk.
   const JobSpec bf16 =
       Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\ntrain: {precision: bf16}\nmemory: {chunk_size: 4MiB}");
   in = RankTierInput(bf16);
   ASSERT_TRUE(in.ok()) << in.status();
-  EXPECT_GT(in->param_bytes.size(), chunks);
+  EXPECT_GT(in->elements.size(), chunks);
   EXPECT_TRUE(in->masters_with_optimizer);
-  for (size_t c = 0; c < in->param_bytes.size(); ++c) EXPECT_EQ(in->optimizer_bytes[c], 6 * in->param_bytes[c]);
+  for (size_t c = 0; c < in->elements.size(); ++c) {
+    EXPECT_EQ(in->param_bytes(c), 2 * static_cast<uint64_t>(in->elements[c]));
+    EXPECT_EQ(in->optimizer_bytes(c), 6 * in->param_bytes(c));
+  }
   // Two tensor ranks hold about half each.
   const JobSpec halves = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {tensor: 2}");
   in = RankTierInput(halves);
   ASSERT_TRUE(in.ok());
-  // Each rank draws the whole of a shard's tensor (its share of the
-  // vocabulary, rounded down, times the ranks).
-  EXPECT_LE(in->construction_bytes, 4u * static_cast<uint64_t>(config.vocab_size * config.hidden));
-  EXPECT_GT(in->construction_bytes, 4u * static_cast<uint64_t>(config.vocab_size * config.hidden) * 99 / 100);
+  // Each rank draws the whole of a shard's tensor first (its share of the
+  // vocabulary, rounded down, times the ranks): the token embedding.
+  EXPECT_LE(in->init_scratch_bytes, 4u * static_cast<uint64_t>(config.vocab_size * config.hidden));
+  EXPECT_GT(in->init_scratch_bytes, 4u * static_cast<uint64_t>(config.vocab_size * config.hidden) * 99 / 100);
 }
 
 TEST(SpecValidatorTest, ParallelShapes) {
