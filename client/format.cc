@@ -161,7 +161,7 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
     }
     if (!memory.empty()) field("memory", absl::StrJoin(memory, ", "));
     if (p.disk_chunks() > 0 || p.disk_model_bytes() > 0) {
-      field("disk", absl::StrFormat("%s of optimizer states of %d chunks in %s; last step %s read, %s written, "
+      field("disk", absl::StrFormat("%s of gradients and optimizer states of %d chunks in %s; last step %s read, %s written, "
                                     "%.2f s waiting",
                                     FormatSize(p.disk_model_bytes()), p.disk_chunks(),
                                     spec.memory().disk_dir().empty() ? "the job's directory" : spec.memory().disk_dir(),
@@ -360,7 +360,7 @@ std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement
   if (p.peak_host_model_bytes() > 0) absl::StrAppend(&out, " (step's peak ", FormatSize(p.peak_host_model_bytes()), ")");
   out += "\n";
   if (disk) {
-    absl::StrAppendFormat(&out, "  disk   %s  %s model of %s, %d chunks' optimizer states\n",
+    absl::StrAppendFormat(&out, "  disk   %s  %s model of %s, %d chunks' gradients and optimizer states\n",
                           Bar({{double(disk_model), '#'}}, double(disk_capacity), bar), FormatSize(disk_model),
                           FormatSize(disk_capacity), p.disk_chunks());
   }

@@ -155,7 +155,7 @@ TEST(FormatTest, JobDetailsShowTheDiskTier) {
   p->mutable_step_times()->set_disk_seconds(1.25);
   const std::string text = JobDetails(job, absl::Now());
   EXPECT_NE(text.find("memory:      disk optimizer 3 GiB"), std::string::npos) << text;
-  EXPECT_NE(text.find("disk:        3 GiB of optimizer states of 12 chunks in /nvme; last step 3 GiB read, 3 GiB "
+  EXPECT_NE(text.find("disk:        3 GiB of gradients and optimizer states of 12 chunks in /nvme; last step 3 GiB read, 3 GiB "
                       "written, 1.25 s waiting"),
             std::string::npos)
       << text;
@@ -244,7 +244,7 @@ TEST(FormatTest, TopFrameShowsProgressMemoryMovesAndTime) {
   t->set_backward_seconds(0.08);
   t->set_disk_seconds(0.03);
   const std::string disk = TopFrame(job, nullptr, 80);
-  EXPECT_NE(disk.find("  disk   [#########.....................]  30 MiB model of 100 MiB, 3 chunks' optimizer states"),
+  EXPECT_NE(disk.find("  disk   [#########.....................]  30 MiB model of 100 MiB, 3 chunks' gradients and optimizer states"),
             std::string::npos)
       << disk;
   EXPECT_NE(disk.find("10 MiB model of 1000 MiB (step's peak 12 MiB)"), std::string::npos) << disk;

@@ -60,13 +60,17 @@ void PayloadStore::AddHostBytes(int64_t bytes) {
   peak_host_model_bytes_ = std::max(peak_host_model_bytes_, host_model_bytes_);
 }
 
+absl::Status PayloadStore::HostRoom(uint64_t bytes, const std::string& what) const {
+  if (host_budget_bytes_ == 0 || host_model_bytes_ + bytes <= host_budget_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "memory.host_budget: model data needs more than its ", Mib(host_budget_bytes_), " of host memory (",
+      Mib(host_model_bytes_), " held, ", Mib(bytes), " more for ", what,
+      "); raise memory.host_budget, give the job a disk tier (memory.disk_budget), or use a smaller model"));
+}
+
 void PayloadStore::ReserveHostBytes(uint64_t bytes, const std::string& what) {
-  if (host_budget_bytes_ > 0 && host_model_bytes_ + bytes > host_budget_bytes_) {
-    throw ResourceExhaustedException(absl::StrCat(
-        "memory.host_budget: model data needs more than its ", Mib(host_budget_bytes_), " of host memory (",
-        Mib(host_model_bytes_), " held, ", Mib(bytes), " more for ", what,
-        "); raise memory.host_budget, give the job a disk tier (memory.disk_budget), or use a smaller model"));
-  }
+  absl::Status room = HostRoom(bytes, what);
+  if (!room.ok()) throw ResourceExhaustedException(std::string(room.message()));
   AddHostBytes(static_cast<int64_t>(bytes));
 }
 
@@ -90,6 +94,8 @@ void PayloadStore::ReleaseHost(Payload& p) {
 absl::Status PayloadStore::OpenDisk(const MemoryOptions& options, const std::vector<Payload*>& on_disk,
                                     uint64_t slot_bytes) {
   if (on_disk.empty()) return absl::OkStatus();
+  const uint64_t staging = kDiskStagingSlots * AlignToDisk(slot_bytes);
+  if (absl::Status room = HostRoom(staging, "the disk tier's staging"); !room.ok()) return room;
   DiskStoreOptions disk;
   disk.dir = options.disk_dir;
   disk.budget_bytes = options.disk_budget_bytes;
@@ -105,10 +111,8 @@ absl::Status PayloadStore::OpenDisk(const MemoryOptions& options, const std::vec
     p->home = Tier::kDisk;
     p->disk_file = *file;
   }
-  for (int s = 0; s < kDiskStagingSlots; ++s) {
-    ReserveHostBytes(AlignToDisk(slot_bytes), "the disk tier's staging");
-    slots_.push_back(Slot{AlignedBuffer(slot_bytes), {}, {}});
-  }
+  AddHostBytes(static_cast<int64_t>(staging));
+  for (int s = 0; s < kDiskStagingSlots; ++s) slots_.push_back(Slot{AlignedBuffer(slot_bytes), {}, {}});
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -97,7 +98,8 @@ class PayloadStore {
 
   // The disk tier: a chunk file for each of `on_disk` (whose
   // slice_elements are set) and kDiskStagingSlots staging slots of
-  // `slot_bytes`. Their host memory counts against the budget.
+  // `slot_bytes`. Their host memory counts against the budget
+  // (RESOURCE_EXHAUSTED past it).
   absl::Status OpenDisk(const MemoryOptions& options, const std::vector<Payload*>& on_disk, uint64_t slot_bytes);
   // Null until OpenDisk.
   DiskStore* disk() const { return disk_.get(); }
@@ -155,6 +157,9 @@ class PayloadStore {
     uint64_t at;
   };
   std::vector<Range> SliceRanges(const Payload& p, uint64_t at, int64_t begin, int64_t count, int region) const;
+  // RESOURCE_EXHAUSTED naming memory.host_budget if `bytes` more for `what`
+  // would pass it.
+  absl::Status HostRoom(uint64_t bytes, const std::string& what) const;
   char* SlotData(int slot) const;
   void Wait(DiskStore::Ticket ticket) const;
   // Waits for the writes of `p` (all, or those overlapping [begin, begin +

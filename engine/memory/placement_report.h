@@ -34,7 +34,7 @@ struct StepMemoryStats {
   uint64_t disk_bytes[3] = {0, 0, 0};
   int device_chunks = 0;
   int host_chunks = 0;
-  // Chunks whose optimizer states live on disk.
+  // Chunks whose gradients or optimizer states live on disk.
   int disk_chunks = 0;
   // Host memory the manager holds for model data at the end of the step
   // (host copies and staging buffers), and the most it held during it.

@@ -64,9 +64,9 @@ namespace {
 int64_t RoundUp(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
 
 // The staging slots and each chunk's slice for the payloads `plan` puts on
-// disk: a slice holds at most kDiskSliceBytes of them (and no more than the
+// disk: a slice holds at most `slice_bytes` of them (and no more than the
 // chunk), in whole quanta.
-void ShapeStaging(const TierInput& in, TierPlan* plan) {
+void ShapeStaging(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
   plan->slot_bytes = 0;
   plan->slice_elements.assign(in.elements.size(), 0);
   for (size_t c = 0; c < in.elements.size(); ++c) {
@@ -74,7 +74,7 @@ void ShapeStaging(const TierInput& in, TierPlan* plan) {
     if (plan->optimizer_tier[c] == Tier::kDisk) per_element += 4 * static_cast<uint64_t>(in.optimizer_regions());
     if (plan->grad_tier[c] == Tier::kDisk) per_element += in.weight_bytes;
     if (per_element == 0) continue;
-    const int64_t quanta = static_cast<int64_t>(kDiskSliceBytes / (per_element * kDiskSliceQuantum));
+    const int64_t quanta = static_cast<int64_t>(slice_bytes / (per_element * kDiskSliceQuantum));
     const int64_t most = std::max<int64_t>(1, quanta) * kDiskSliceQuantum;
     const int64_t slice = std::min(most, RoundUp(std::max<int64_t>(in.elements[c], 1), kDiskSliceQuantum));
     plan->slice_elements[c] = slice;
@@ -86,8 +86,8 @@ void ShapeStaging(const TierInput& in, TierPlan* plan) {
 // The host side's needs under the plan's tiers: steady (every chunk's
 // parameters, the gradients and optimizer states kept on the host, the
 // staging slots) and at its peak during construction.
-void HostNeeds(const TierInput& in, TierPlan* plan) {
-  ShapeStaging(in, plan);
+void HostNeeds(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
+  ShapeStaging(in, slice_bytes, plan);
   uint64_t steady = 0;
   plan->disk_optimizer_bytes = 0;
   plan->disk_grad_bytes = 0;
@@ -145,7 +145,7 @@ TierPlan AllOnHost(const TierInput& in) {
   TierPlan plan;
   plan.optimizer_tier.assign(in.elements.size(), Tier::kHost);
   plan.grad_tier.assign(in.elements.size(), Tier::kHost);
-  HostNeeds(in, &plan);
+  HostNeeds(in, kDiskSliceBytes, &plan);
   return plan;
 }
 
@@ -173,25 +173,26 @@ TierPlan PlanTiers(const TierInput& in) {
     for (size_t c : order) caps.push_back(in.optimizer_bytes(c));
     TierPlan best, least = plan;
     bool found = false;
-    for (uint64_t cap : caps) {
-      TierPlan trial = AllOnHost(in);
-      for (size_t c : order) {
-        if (host_fits(trial)) break;
-        trial.grad_tier[c] = Tier::kDisk;
-        HostNeeds(in, &trial);
-      }
-      for (size_t c : order) {
-        if (host_fits(trial)) break;
-        if (in.optimizer_bytes(c) > cap) continue;
-        trial.optimizer_tier[c] = Tier::kDisk;
-        HostNeeds(in, &trial);
-      }
-      if (trial.host_bytes < least.host_bytes) least = trial;
-      if (host_fits(trial) &&
-          (!found || ExposedDiskBytes(trial) < ExposedDiskBytes(best) ||
-           (ExposedDiskBytes(trial) == ExposedDiskBytes(best) && trial.host_bytes < best.host_bytes))) {
-        best = trial;
-        found = true;
+    // Larger slices first: on equal traffic the larger disk requests win.
+    for (uint64_t slice = kDiskSliceBytes; slice >= kDiskMinSliceBytes; slice /= 2) {
+      for (uint64_t cap : caps) {
+        TierPlan trial = AllOnHost(in);
+        for (size_t c : order) {
+          if (host_fits(trial)) break;
+          trial.grad_tier[c] = Tier::kDisk;
+          HostNeeds(in, slice, &trial);
+        }
+        for (size_t c : order) {
+          if (host_fits(trial)) break;
+          if (in.optimizer_bytes(c) > cap) continue;
+          trial.optimizer_tier[c] = Tier::kDisk;
+          HostNeeds(in, slice, &trial);
+        }
+        if (trial.host_bytes < least.host_bytes) least = trial;
+        if (host_fits(trial) && (!found || ExposedDiskBytes(trial) < ExposedDiskBytes(best))) {
+          best = trial;
+          found = true;
+        }
       }
     }
     plan = found ? std::move(best) : std::move(least);

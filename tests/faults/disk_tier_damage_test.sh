@@ -37,10 +37,12 @@ damage_until_failed() {  # damage_until_failed ID flip|truncate: prints the dama
   done
   [ "$(get "$id" "int(d.get('progress', {}).get('bytes_disk_to_host', 0))")" -gt 0 ] \
     || fail "job $id read nothing from the disk in 60 s: $(get "$id" "d.get('progress')")"
-  dir="$(sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' \
+  dir="$(sed -n 's/^memory: gradients of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' \
     "$STATE/jobs/$id/worker.log")"
   [ -d "$dir" ] || fail "no chunk directory for $id: '$dir'"
-  file="$dir/$(ls "$dir" | sort -V | head -1)"
+  # An optimizer states' file: read every step, and never rewritten whole
+  # before it is read (a gradients' file is, in every backward).
+  file="$dir/$(ls "$dir" | grep '^o' | sort -V | head -1)"
   for attempt in $(seq 1 20); do
     case "$how" in
       flip)
@@ -74,7 +76,7 @@ FILE="$(damage_until_failed "$FLIP" flip)"
 ended "$FLIP"
 [ "$(json "d['state']" <"$WORK/$FLIP.json")" = JOB_STATE_FAILED ] || fail "the job with a flipped byte ended $(json "d['state']" <"$WORK/$FLIP.json")"
 ERR="$(json "d.get('error', '')" <"$WORK/$FLIP.json")"
-grep -qF "memory.disk_dir: chunk file $FILE failed its checksum (read CRC " <<<"$ERR" \
+grep -qE "memory.disk_dir: chunk file $FILE failed its checksum at offset [0-9]+ \(read CRC " <<<"$ERR" \
   || fail "the error does not name $FILE and its checksum: $ERR"
 grep -qF "the file was changed or damaged under the job" <<<"$ERR" || fail "the error does not say what happened: $ERR"
 [ -e "$STATE/jobs/$FLIP/scratch" ] && fail "the failed job's chunk files are still there"

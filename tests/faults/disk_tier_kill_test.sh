@@ -28,7 +28,7 @@ start_daemon() {
 }
 worker_pid() { pgrep -f -- "--spec=$STATE/jobs/$1/" || true; }
 # The scratch directory each run of job $1 used, in order, from its log.
-chunk_dirs() { sed -n 's/^memory: optimizer states of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' "$STATE/jobs/$1/worker.log" 2>/dev/null; }
+chunk_dirs() { sed -n 's/^memory: gradients of .* chunks on disk ([^ ]* [KMGT]\?i\?B in \(.*\)), host side.*/\1/p' "$STATE/jobs/$1/worker.log" 2>/dev/null; }
 wait_runs() {  # wait_runs ID N: until the Nth run of job ID has laid out its chunk files
   for _ in $(seq 1 1200); do [ "$(chunk_dirs "$1" | wc -l)" -ge "$2" ] && return 0; sleep 0.05; done
   fail "run $2 of $1 did not start in 60 s"
@@ -50,12 +50,12 @@ start_daemon
 CALM="$("$FERRY" submit "$WORK/job.yaml" --set=checkpoint.dir=$WORK/calm,checkpoint.every_steps=50 -o json | json "d['id']")"
 "$FERRY" watch "$CALM" >"$WORK/calm.txt" 2>&1 || fail "the undisturbed job failed: $(tail -2 "$WORK/calm.txt")"
 "$FERRY" get "$CALM" -o json >"$WORK/calm.json"
-grep -q "^memory: optimizer states of [1-9][0-9]* of 21 chunks on disk" "$STATE/jobs/$CALM/worker.log" \
-  || fail "no optimizer states on disk: $(grep '^memory:' "$STATE/jobs/$CALM/worker.log")"
+grep -q "^memory: gradients of [0-9]* and optimizer states of [1-9][0-9]* of 21 chunks on disk" \
+  "$STATE/jobs/$CALM/worker.log" || fail "no optimizer states on disk: $(grep '^memory:' "$STATE/jobs/$CALM/worker.log")"
 "$PY" - "$WORK/calm.json" <<'PYEOF' || fail "the undisturbed job moved nothing to or from the disk"
 import json, sys
 p = json.load(open(sys.argv[1]))["progress"]
-print(f"undisturbed: {p['disk_chunks']} chunks' optimizer states on disk, {p['bytes_disk_to_host']} bytes read "
+print(f"undisturbed: {p['disk_chunks']} chunks' gradients or optimizer states on disk, {p['bytes_disk_to_host']} bytes read "
       f"and {p['bytes_host_to_disk']} written in its last step")
 assert p["disk_chunks"] > 0 and int(p["disk_model_bytes"]) > 0, p
 assert int(p["bytes_disk_to_host"]) > 0 and int(p["bytes_host_to_disk"]) > 0, p
