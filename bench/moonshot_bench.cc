@@ -71,10 +71,11 @@ class Progress : public Collector {
  public:
   void OnStep(const StepReport& r) override {
     Collector::OnStep(r);
-    std::printf("  step %lld/%lld: loss %.4f, %.1f s (disk wait %.1f s, %.2f GiB read, %.2f GiB written)\n",
+    std::printf("  step %lld/%lld: loss %.4f, %.1f s (forward %.1f, backward %.1f, optimizer %.1f; disk wait %.1f, "
+                "transfer %.1f; %.2f GiB read, %.2f GiB written)\n",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss, r.step_seconds,
-                r.times.disk, double(r.memory_stats.disk_to_host_bytes) / kGiB,
-                double(r.memory_stats.host_to_disk_bytes) / kGiB);
+                r.times.forward, r.times.backward, r.times.optimizer, r.times.disk, r.memory_stats.transfer_seconds,
+                double(r.memory_stats.disk_to_host_bytes) / kGiB, double(r.memory_stats.host_to_disk_bytes) / kGiB);
     std::fflush(stdout);
   }
   void OnLog(LogLevel, const std::string& message) override {

@@ -115,7 +115,8 @@ ChunkManager::~ChunkManager() = default;
 
 absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     MemoryDevice* device, std::vector<ManagedParam> params, std::vector<StageParams> stages,
-    const MemoryOptions& options, const OptimizerOptions& optimizer, ManagerGroups groups) {
+    const MemoryOptions& options, const OptimizerOptions& optimizer, ManagerGroups groups,
+    const FillProgress& on_filled) {
   if (params.empty() || stages.empty()) return absl::InvalidArgumentError("no parameters to manage");
   const bool mixed = optimizer.param_dtype != c10::kFloat;
   std::vector<int64_t> numels;
@@ -203,8 +204,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   RETURN_IF_ERROR(m->store_.OpenDisk(options, on_disk, m->tier_plan_.slot_bytes));
   m->store_.AddHostBytes(static_cast<int64_t>(tiers.built_bytes + tiers.init_scratch_bytes));
   RETURN_IF_ERROR(CallTorch("placing parameters in chunks", [&]() -> absl::Status {
-    m->values_.Fill(params, options.values_from_checkpoint, tiers.init_scratch_bytes);
-    return absl::OkStatus();
+    return m->values_.Fill(params, options.values_from_checkpoint, tiers.init_scratch_bytes, on_filled);
   }));
   return m;
 }

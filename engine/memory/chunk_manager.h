@@ -81,12 +81,16 @@ class ChunkManager {
   // states on disk. RESOURCE_EXHAUSTED, with the numbers per tier, when the
   // host and disk budgets cannot hold the model's data; INVALID_ARGUMENT
   // for a chunk size that cannot hold a parameter or an unusable disk_dir.
+  // `on_filled`, if set, is called after each chunk is filled with (chunks
+  // filled, chunks): returning false stops there (CANCELLED).
+  using FillProgress = std::function<bool(int filled, int chunks)>;
   static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(MemoryDevice* device,
                                                               std::vector<ManagedParam> params,
                                                               std::vector<StageParams> stages,
                                                               const MemoryOptions& options,
                                                               const OptimizerOptions& optimizer,
-                                                              ManagerGroups groups = {});
+                                                              ManagerGroups groups = {},
+                                                              const FillProgress& on_filled = nullptr);
   ~ChunkManager();
 
   // Starts a step. A batch shape other than the last traced one starts a

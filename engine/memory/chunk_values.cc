@@ -33,12 +33,19 @@ void ChunkValues::TakeOver(const Chunk& chunk, const std::vector<ManagedParam>& 
   }
 }
 
-void ChunkValues::Fill(const std::vector<ManagedParam>& params, bool values_from_checkpoint,
-                       uint64_t init_scratch_bytes) {
+absl::Status ChunkValues::Fill(const std::vector<ManagedParam>& params, bool values_from_checkpoint,
+                               uint64_t init_scratch_bytes,
+                               const std::function<bool(int filled, int chunks)>& on_filled) {
+  const int chunks = static_cast<int>(table_->chunks.size());
   for (Chunk& chunk : table_->chunks) {
     if (values_from_checkpoint) {
       TakeOver(chunk, params);
       continue;
+    }
+    if (on_filled && chunk.id > 0 && !on_filled(chunk.id, chunks)) {
+      store_->FinishWrites();
+      return absl::CancelledError(
+          absl::StrCat("stopped while the model was built (", chunk.id, " of ", chunks, " chunks filled)"));
     }
     Payload& p = chunk.payload(PayloadKind::kParam);
     Payload& o = chunk.payload(PayloadKind::kOptimizer);
@@ -90,6 +97,8 @@ void ChunkValues::Fill(const std::vector<ManagedParam>& params, bool values_from
   }
   store_->FinishWrites();
   store_->AddHostBytes(-static_cast<int64_t>(init_scratch_bytes));
+  if (on_filled && !values_from_checkpoint) on_filled(chunks, chunks);
+  return absl::OkStatus();
 }
 
 uint64_t ChunkValues::StateBytes() const {

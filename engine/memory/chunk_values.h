@@ -37,8 +37,10 @@ class ChunkValues {
   // buffers); each parameter becomes a view of its chunk's device copy (its
   // gradient of the gradient chunk's), freeing the memory it was built in
   // before the next chunk takes more. `init_scratch_bytes` is counted
-  // against the host budget until the end.
-  void Fill(const std::vector<ManagedParam>& params, bool values_from_checkpoint, uint64_t init_scratch_bytes);
+  // against the host budget until the end. `on_filled` (if set) hears of
+  // each chunk filled, and may stop there by returning false: CANCELLED.
+  absl::Status Fill(const std::vector<ManagedParam>& params, bool values_from_checkpoint,
+                    uint64_t init_scratch_bytes, const std::function<bool(int filled, int chunks)>& on_filled);
 
   using StateSink = std::function<absl::Status(const void* data, size_t size)>;
   using StateSource = std::function<absl::Status(void* data, size_t size)>;

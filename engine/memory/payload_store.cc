@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -239,23 +240,30 @@ void PayloadStore::StartWrite(const Payload& p, int slot, uint64_t at, int64_t b
 }
 
 void PayloadStore::StreamIn(const Payload& p, const SliceFn& fn, int region) {
+  // Reads run ahead into every slot but the one in use.
+  struct InFlight {
+    int64_t begin;
+    int64_t count;
+    int slot;
+  };
+  std::deque<InFlight> ahead;
   const int64_t n = p.region_numel();
-  int slot = -1;
-  for (int64_t begin = 0; begin < n; begin += p.slice_elements) {
-    const int64_t count = std::min(p.slice_elements, n - begin);
-    if (begin == 0) {
-      slot = AcquireSlot();
-      StartRead(p, slot, 0, begin, count, region);
+  int64_t next = 0;
+  auto read_ahead = [&] {
+    while (next < n && ahead.size() + 1 < slots_.size()) {
+      const InFlight f{next, std::min(p.slice_elements, n - next), AcquireSlot()};
+      StartRead(p, f.slot, 0, f.begin, f.count, region);
+      ahead.push_back(f);
+      next += f.count;
     }
-    // The next slice is read while this one is used.
-    int next = -1;
-    if (begin + count < n) {
-      next = AcquireSlot();
-      StartRead(p, next, 0, begin + count, std::min(p.slice_elements, n - begin - count), region);
-    }
-    FinishReads(slot);
-    fn(begin, count, SliceViews(p, slot, 0, count, region));
-    slot = next;
+  };
+  read_ahead();
+  while (!ahead.empty()) {
+    const InFlight f = ahead.front();
+    ahead.pop_front();
+    FinishReads(f.slot);
+    fn(f.begin, f.count, SliceViews(p, f.slot, 0, f.count, region));
+    read_ahead();
   }
 }
 

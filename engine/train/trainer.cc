@@ -353,8 +353,23 @@ class ChunkedEngine : public StepEngine {
     mode.dtype = optimizer.param_dtype;
     mode.upcast = device_->compute_device().is_cpu();
     model_->SetComputeMode(mode);
-    ASSIGN_OR_RETURN(manager_, ChunkManager::Create(device_, std::move(params), std::move(stages),
-                                                    memory, optimizer, groups_));
+    // Filling a large model's chunks takes minutes: say how far it is (at
+    // most every 10 s), and stop there when asked to.
+    const auto fill_start = std::chrono::steady_clock::now();
+    auto last_said = fill_start;
+    auto on_filled = [&](int filled, int chunks) {
+      const auto now = std::chrono::steady_clock::now();
+      if (filled == chunks ? now - fill_start >= std::chrono::seconds(10)
+                           : now - last_said >= std::chrono::seconds(10)) {
+        last_said = now;
+        observer_->OnLog(LogLevel::kInfo,
+                         absl::StrFormat("memory: %d of %d chunks filled with their initial values (%.0f s)", filled,
+                                         chunks, std::chrono::duration<double>(now - fill_start).count()));
+      }
+      return !observer_->StopRequested();
+    };
+    ASSIGN_OR_RETURN(manager_, ChunkManager::Create(device_, std::move(params), std::move(stages), memory,
+                                                    optimizer, groups_, on_filled));
     const ChunkLayout& layout = manager_->layout();
     observer_->OnLog(LogLevel::kInfo,
                      absl::StrFormat("memory: %d chunks of %d elements (%.2f%% unused), %s policy on %s "
@@ -463,7 +478,10 @@ absl::Status Trainer::RunSteps() {
                                                      it == resume.meta.end() ? "?" : it->second,
                                                      " (tensor x data) ranks, this run has ", world));
     }
+    const Clock::time_point restore_start = Clock::now();
     RETURN_IF_ERROR(engine->RestoreState(prefix, resume));
+    observer_->OnLog(LogLevel::kInfo, absl::StrFormat("checkpoint: the state of step %d restored in %.1f s",
+                                                      resume.step, Seconds(restore_start, Clock::now())));
     auto generator = resume.files.find(prefix + "generator");
     auto position = resume.files.find(prefix + "data");
     if (generator == resume.files.end() || position == resume.files.end()) {

@@ -18,7 +18,10 @@ class RecordingObserver : public TrainingObserver {
   void OnStarted(const TrainingStarted& s) override { started = s; }
   void OnStep(const StepReport& r) override { reports.push_back(r); }
   void OnPlacement(const PlacementReport& p) override { placement = p; }
-  bool StopRequested() override { return stop_after > 0 && int(reports.size()) >= stop_after; }
+  bool StopRequested() override {
+    ++stop_asks;
+    return (stop_after > 0 && int(reports.size()) >= stop_after) || (stop_at_ask > 0 && stop_asks >= stop_at_ask);
+  }
 
   std::vector<double> Losses() const {
     std::vector<double> l;
@@ -30,6 +33,10 @@ class RecordingObserver : public TrainingObserver {
   std::vector<StepReport> reports;
   PlacementReport placement;
   int stop_after = 0;
+  // Stop at the n-th question, wherever it is asked (while the model is
+  // built: after each chunk filled).
+  int stop_at_ask = 0;
+  int stop_asks = 0;
 };
 
 GptConfig TinyModel() {
@@ -175,6 +182,22 @@ TEST(TrainerTest, StopsWhenAskedWithCancelled) {
   absl::Status s = Trainer(TinyModel(), Quick(50), engine, Chain(1), &run->observer).Run();
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(run->observer.reports.size(), 3u);
+}
+
+TEST(TrainerTest, AStopWhileTheModelIsBuiltEndsTheRunThere) {
+  // Small chunks: the model fills many, and the stop comes after the third.
+  auto run = std::make_unique<TrainRun>();
+  run->observer.stop_at_ask = 3;
+  SimulatedDevice device(kAmple);
+  EngineOptions engine;
+  engine.device = &device;
+  MemoryOptions memory;
+  memory.chunk_elements = 4096;
+  engine.memory = memory;
+  absl::Status s = Trainer(TinyModel(), Quick(50), engine, Chain(1), &run->observer).Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("stopped while the model was built (3 of "), std::string::npos) << s;
+  EXPECT_TRUE(run->observer.reports.empty());
 }
 
 TEST(TrainerTest, DivergenceFailsWithAnActionableMessage) {
