@@ -11,7 +11,7 @@
 // again: how long saving, verifying and restoring took, the peak memory
 // with them, and whether the last step came out bit for bit the same.
 //
-//   bazel run -c opt //bench:moonshot [-- --quick] [--disk_dir=DIR]
+//   bazel run -c opt //bench:moonshot [-- --quick] [--disk_dir=DIR] [--host_budget_gib=G]
 //
 // --quick (under three minutes) trains a small GPT whose host budget is
 // below its model data, so the disk tier is used all the same, and writes
@@ -46,6 +46,8 @@
 ABSL_FLAG(bool, quick, false, "A small GPT with a host budget below its model data (under three minutes).");
 ABSL_FLAG(int64_t, steps, 5, "Steps to train, the warm-up included.");
 ABSL_FLAG(std::string, disk_dir, "/var/tmp/ferry-moonshot", "Directory for the disk tier's chunk files.");
+ABSL_FLAG(double, host_budget_gib, 12, "memory.host_budget of the GPT-2 XL run, in GiB; other than 12, the results "
+          "go to moonshot_hostNg.json (N the budget).");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/moonshot.json).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Where the checkpoint after the last step but one is streamed and resumed from (default: a directory "
@@ -99,7 +101,12 @@ std::string JsonList(const std::vector<double>& v) {
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   GptConfig model;
-  uint64_t device_bytes = kGiB, host_budget = 12 * kGiB;
+  uint64_t device_bytes = kGiB;
+  uint64_t host_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_host_budget_gib) * double(kGiB));
+  const std::string name = quick ? std::string("moonshot_quick")
+                           : host_budget == 12 * kGiB
+                               ? std::string("moonshot")
+                               : absl::StrFormat("moonshot_host%gg", absl::GetFlag(FLAGS_host_budget_gib));
   if (quick) {
     model.layers = 8;
     model.hidden = 512;
@@ -286,7 +293,7 @@ int Run() {
       absl::StrFormat("%.3f", load_seconds), ", \"restore_seconds\": ", absl::StrFormat("%.3f", resume_seconds),
       ", \"last_step_bitwise_equal\": ", resumed_same ? "true" : "false",
       ", \"peak_rss_bytes\": ", peak_rss_with_resume, "}\n}\n");
-  return WriteBenchResult(quick ? "moonshot_quick" : "moonshot", absl::GetFlag(FLAGS_out), json);
+  return WriteBenchResult(name, absl::GetFlag(FLAGS_out), json);
 }
 
 }  // namespace
