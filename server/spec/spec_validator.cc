@@ -340,7 +340,7 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, 
     p.Precondition(absl::StrCat(
         "memory.disk_budget: the disk tier needs ", FormatSize(plan.disk_bytes),
         ranks_here > 1 ? absl::StrCat(" for each of ", ranks_here, " ranks") : std::string(),
-        " for the optimizer states memory.host_budget cannot hold, but only ", FormatSize(*disk_free),
+        " for the gradients and optimizer states memory.host_budget cannot hold, but only ", FormatSize(*disk_free),
         " is free under ", DiskTierBase(spec, machine),
         "; free space there, choose another memory.disk_dir, or raise memory.host_budget"));
   }

@@ -20,8 +20,8 @@ fail() { echo "FAIL: $*" >&2; show_logs 8 "$WORK/ferryd.log" "$STATE"/jobs/*/wor
 kill_ferryd_at_exit
 start_ferryd "$WORK/ferryd.log" --state_dir="$STATE" --allowed_roots="$WORK"
 
-# 8 of 21 chunks keep their optimizer states on disk; every step reads and
-# writes them all. More steps than the test needs.
+# The 21 chunks keep their gradients on disk, some their optimizer states
+# too; every step reads and writes them all. More steps than the test needs.
 cat >"$WORK/job.yaml" <<'YAML'
 model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32, dropout: 0.1}
 data: {synthetic: {}}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The disk tier on a full file system, through ferryd (memory.disk_dir on a
-# small tmpfs; this job's chunk files take 768 KiB):
+# small tmpfs; this job's chunk files take 1.3 MiB):
 #  - too small at submit: refused, naming memory.disk_budget, the directory
 #    and the bytes needed and free;
 #  - filled between submit and start (the job queued behind another): the
@@ -59,7 +59,7 @@ fill() {  # fill DIR [LEAVE_KIB]: fills DIR's file system, then leaves LEAVE_KIB
   [ "${2:-0}" -gt 0 ] && truncate -s "-${2}K" "$(ls -t "$1"/fill.* | head -1)"
   echo "$1: $(df -k --output=avail "$1" | tail -1 | tr -d ' ') KiB free"
 }
-job() {  # job FILE DISK_DIR [MORE_YAML]: 768 KiB of optimizer states on disk
+job() {  # job FILE DISK_DIR [MORE_YAML]: 1.3 MiB of gradients and optimizer states on disk
   cat >"$1" <<YAML
 model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32, dropout: 0.1}
 data: {synthetic: {}}
@@ -79,7 +79,7 @@ start_daemon
 # --- too small at submit ---
 small_fs "$WORK/tiny" 512k
 job "$WORK/tiny.yaml" "$WORK/tiny"
-expect_refusal "failed precondition: memory.disk_budget: the disk tier needs 768 KiB for the optimizer states memory.host_budget cannot hold, but only 512 KiB is free under $WORK/tiny; free space there, choose another memory.disk_dir, or raise memory.host_budget" \
+expect_refusal "failed precondition: memory.disk_budget: the disk tier needs 1.3 MiB for the gradients and optimizer states memory.host_budget cannot hold, but only 512 KiB is free under $WORK/tiny; free space there, choose another memory.disk_dir, or raise memory.host_budget" \
   -- submit "$WORK/tiny.yaml" --set=memory.disk_budget=4MiB
 # Without a budget the tier may take 9/10 of the free space: too little.
 expect_refusal "more than the " -- submit "$WORK/tiny.yaml"
@@ -99,7 +99,7 @@ wait_end "$QUEUED"
 "$FERRY" get "$QUEUED" -o json >"$WORK/queued.json"
 [ "$(json "d['state']" <"$WORK/queued.json")" = JOB_STATE_FAILED ] || fail "the job on the full disk ended $(json "d['state']" <"$WORK/queued.json")"
 ERR="$(json "d.get('error', '')" <"$WORK/queued.json")"
-grep -qE "memory.disk_budget: the disk tier needs 768 KiB .* but only [0-9.]+ KiB is free under $WORK/small;" <<<"$ERR" \
+grep -qE "memory.disk_budget: the disk tier needs 1.3 MiB .* but only [0-9.]+ KiB is free under $WORK/small;" <<<"$ERR" \
   || fail "the error does not name the directory and the bytes: $ERR"
 [ "$(json "d.get('progress', {}).get('step', 0)" <"$WORK/queued.json")" = 0 ] || fail "the job on the full disk trained"
 [ -e "$WORK/small/ferry-$QUEUED" ] && fail "the failed job left $(ls -R "$WORK/small/ferry-$QUEUED")"
@@ -119,7 +119,7 @@ wait_end "$UNDER"
 "$FERRY" get "$UNDER" -o json >"$WORK/under.json"
 [ "$(json "d['state']" <"$WORK/under.json")" = JOB_STATE_FAILED ] || fail "the job whose files had no room ended $(json "d['state']" <"$WORK/under.json")"
 ERR="$(json "d.get('error', '')" <"$WORK/under.json")"
-grep -qE "memory.disk_dir: no space for chunk file $WORK/big/ferry-$UNDER/rank0/ferry-chunks-[A-Za-z0-9]{6}/o[0-9]+ of [0-9]+ bytes: No space left on device" <<<"$ERR" \
+grep -qE "memory.disk_dir: no space for chunk file $WORK/big/ferry-$UNDER/rank0/ferry-chunks-[A-Za-z0-9]{6}/[go][0-9]+ of [0-9]+ bytes: No space left on device" <<<"$ERR" \
   || fail "the error does not name the chunk file and its bytes: $ERR"
 [ "$(json "d.get('progress', {}).get('step', 0)" <"$WORK/under.json")" = 0 ] || fail "the job without room trained"
 echo "no room for the chunk files: $(head -1 <<<"$ERR")"
@@ -158,7 +158,7 @@ wait_end "$HIT"
 "$FERRY" get "$HIT" -o json >"$WORK/hit.json"
 [ "$(json "d['state']" <"$WORK/hit.json")" = JOB_STATE_FAILED ] || fail "the job started on a full disk ended $(json "d['state']" <"$WORK/hit.json")"
 ERR="$(json "d.get('error', '')" <"$WORK/hit.json")"
-grep -qE "memory.disk_budget: the disk tier needs 768 KiB .* but only [0-9.]+ [KMG]?i?B is free under $WORK/fs;" <<<"$ERR" \
+grep -qE "memory.disk_budget: the disk tier needs 1.3 MiB .* but only [0-9.]+ [KMG]?i?B is free under $WORK/fs;" <<<"$ERR" \
   || fail "the error does not name the directory and the bytes: $ERR"
 echo "started again on the full disk: $ERR"
 (cd "$WORK/ckpt" && find . -type f | sort | xargs sha256sum) | diff "$WORK/ckpt.sums" - \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A job whose optimizer states partly live in the disk tier's chunk files
-# (bf16: AdamW's moments and the fp32 master weights), killed three times
+# A job whose gradients and optimizer states partly live in the disk tier's
+# chunk files (bf16: AdamW's moments and the fp32 master weights), killed three times
 # while it trains — its worker with SIGKILL at a random moment of a step,
 # its worker again by strace at the write of a chunk file (the others of
 # that step already written), and the daemon with SIGKILL — resumes each
