@@ -189,7 +189,7 @@ int Run() {
   // Resume from it and train the last step again.
   double load_seconds = 0, resume_seconds = 0;
   absl::Status resume_status = status.ok() ? saved.status : status;
-  Collector resumed;
+  Progress resumed;
   if (resume_status.ok()) {
     const auto load_start = std::chrono::steady_clock::now();
     absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointAt(checkpoint_root, steps - 1);
