@@ -34,6 +34,7 @@
 #include "bench/bench_output.h"
 #include "bench/sim_trial.h"
 #include "engine/common/host_info.h"
+#include "engine/memory/tier_plan.h"
 #include "engine/model/gpt_config.h"
 
 ABSL_FLAG(bool, quick, false, "Smaller budgets and models (under three minutes).");
@@ -52,10 +53,8 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 // bf16, bf16 weights and gradients, fp32 moments and master weights. 16
 // bytes either way.
 constexpr double kBytesPerParam = 16.0;
-// bf16: the optimizer states (two moments and the fp32 master) and the
-// weights and gradients.
-constexpr double kBf16StateBytes = 12.0;
-constexpr double kBf16WeightsAndGradientsBytes = 4.0;
+// bf16: the weights, which stay on the host beside a disk tier.
+constexpr double kBf16WeightBytes = 2.0;
 
 MemoryOptions Policy(MemoryOptions::Policy policy, uint64_t host_budget) {
   MemoryOptions m;
@@ -136,12 +135,11 @@ int64_t EstimateLayers(const CapacitySetup& s, int64_t h, int64_t vocab, int64_t
     // Model data lives on the host.
     room = double(s.host_budget) / kBytesPerParam;
   } else {
-    // Weights and gradients stay on the host (4 bytes), the states (12)
-    // go to disk through three staging buffers of a block's states each.
-    const double staging = 3.0 * kBf16StateBytes * block;
-    const double host = (double(s.host_budget) - staging) / kBf16WeightsAndGradientsBytes;
-    const double disk = double(s.disk_budget) / kBf16StateBytes;
-    room = std::min(host, disk);
+    // The weights stay on the host (2 bytes), beside the disk tier's four
+    // staging slots; gradients and optimizer states (14 bytes) fill the
+    // rest of the host, then the disk.
+    const double host = double(s.host_budget) - double(kDiskStagingSlots * kDiskSliceBytes);
+    room = std::min(host / kBf16WeightBytes, (host + double(s.disk_budget)) / kBytesPerParam);
   }
   return static_cast<int64_t>((room - embeddings) / block);
 }

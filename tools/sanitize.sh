@@ -3,7 +3,7 @@
 # fuzzing"); extra arguments go to bazel.
 #   1. the server and engine unit tests under AddressSanitizer and
 #      UndefinedBehaviorSanitizer (--config=asan), but those tagged no_asan;
-#   2. the event buffer, job registry and job store tests under
+#   2. the event buffer, job registry, job store and disk store tests under
 #      ThreadSanitizer (--config=tsan);
 #   3. every fuzzer for FUZZ_SECONDS (default 30) from its seed corpus
 #      (tools/fuzz.sh).
@@ -29,9 +29,10 @@ step() {
 step "ASan+UBSan: server and engine unit tests" \
   bazel test --config=asan --cache_test_results=no --test_tag_filters=-no_asan \
   //server/... //engine/... "$@"
-step "TSan: event buffer, job registry, job store" \
+step "TSan: event buffer, job registry, job store, disk store" \
   bazel test --config=tsan --cache_test_results=no \
-  //server/jobs:event_buffer_test //server/jobs:job_registry_test //server/jobs:job_store_test "$@"
+  //server/jobs:event_buffer_test //server/jobs:job_registry_test //server/jobs:job_store_test \
+  //engine/memory:disk_store_test "$@"
 step "fuzzers, ${FUZZ_SECONDS:-30} s each" tools/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 if [ ${#failed[@]} -gt 0 ]; then
