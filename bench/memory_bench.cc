@@ -349,8 +349,7 @@ int main(int argc, char** argv) {
   // A failure there is mostly the tier plan's refusal, before any step.
   setups[2].max_trials = 5;
   // A disk trial of a billion-parameter model takes minutes here: one
-  // hidden size (the smaller one: the staging buffers hold a block's
-  // states, so smaller blocks leave more of the host for weights).
+  // hidden size.
   setups[2].hiddens = {hiddens.front()};
   std::vector<CapacityResult> caps;
   for (const CapacitySetup& s : setups) caps.push_back(Capacity(s, vocab, seq, batch));
