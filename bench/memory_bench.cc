@@ -445,7 +445,7 @@ int main(int argc, char** argv) {
   std::printf("auto trains %.2fx the parameters of static, auto with disk %.2fx\n",
               caps[0].params > 0 ? double(caps[1].params) / double(caps[0].params) : 0.0,
               caps[0].params > 0 ? double(caps[2].params) / double(caps[0].params) : 0.0);
-  std::printf("auto_disk: %d of %d chunks' states on disk, %.2f GiB read and %.2f GiB written a steady step "
+  std::printf("auto_disk: %d of %d chunks with gradients or states on disk, %.2f GiB read and %.2f GiB written a steady step "
               "(planned %.2f / %.2f), %.1f s a step; ratio over the disk bytes used %.3f\n",
               disk_cap.disk_chunks, disk_cap.chunks, double(disk_cap.disk_read_bytes) / kGiB,
               double(disk_cap.disk_write_bytes) / kGiB, double(disk_cap.planned_disk_read_bytes) / kGiB,
