@@ -82,7 +82,8 @@ std::string MemoryPlacementSvg(const ferry::v1::MemoryPlacement& placement) {
   if (placement.planned_disk_bytes() > 0) {
     absl::StrAppendFormat(
         &svg, "<text x=\"%.0f\" y=\"55\">%s</text>\n", kLeft,
-        Escape(absl::StrCat("disk tier: ", FormatSize(placement.planned_disk_bytes()), " of optimizer states; ",
+        Escape(absl::StrCat("disk tier: ", FormatSize(placement.planned_disk_bytes()),
+                            " of gradients and optimizer states; ",
                             FormatSize(placement.planned_disk_read_bytes()), " read from disk and ",
                             FormatSize(placement.planned_disk_write_bytes()), " written per step")));
   }
