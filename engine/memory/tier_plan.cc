@@ -137,9 +137,20 @@ void HostNeeds(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
   plan->disk_write_bytes_per_step = plan->disk_bytes;
 }
 
-// Disk time a step cannot hide: optimizer states are read and written in the
-// update; gradients are written behind the backward and only read there.
-uint64_t ExposedDiskBytes(const TierPlan& plan) { return 2 * plan.disk_optimizer_bytes + plan.disk_grad_bytes; }
+// Disk time a step cannot hide, as bytes: optimizer states are read and
+// written in the update; gradients are written behind the backward and only
+// read there; each slice of each region is a request.
+uint64_t ExposedDiskCost(const TierInput& in, const TierPlan& plan) {
+  uint64_t requests = 0;
+  for (size_t c = 0; c < in.elements.size(); ++c) {
+    if (plan.slice_elements[c] == 0) continue;
+    const uint64_t slices =
+        static_cast<uint64_t>((in.elements[c] + plan.slice_elements[c] - 1) / plan.slice_elements[c]);
+    if (plan.optimizer_tier[c] == Tier::kDisk) requests += 2 * slices * static_cast<uint64_t>(in.optimizer_regions());
+    if (plan.grad_tier[c] == Tier::kDisk) requests += slices;
+  }
+  return 2 * plan.disk_optimizer_bytes + plan.disk_grad_bytes + requests * kDiskRequestCostBytes;
+}
 
 TierPlan AllOnHost(const TierInput& in) {
   TierPlan plan;
@@ -173,7 +184,7 @@ TierPlan PlanTiers(const TierInput& in) {
     for (size_t c : order) caps.push_back(in.optimizer_bytes(c));
     TierPlan best, least = plan;
     bool found = false;
-    // Larger slices first: on equal traffic the larger disk requests win.
+    // Larger slices first: on equal cost the larger disk requests win.
     for (uint64_t slice = kDiskSliceBytes; slice >= kDiskMinSliceBytes; slice /= 2) {
       for (uint64_t cap : caps) {
         TierPlan trial = AllOnHost(in);
@@ -189,7 +200,7 @@ TierPlan PlanTiers(const TierInput& in) {
           HostNeeds(in, slice, &trial);
         }
         if (trial.host_bytes < least.host_bytes) least = trial;
-        if (host_fits(trial) && (!found || ExposedDiskBytes(trial) < ExposedDiskBytes(best))) {
+        if (host_fits(trial) && (!found || ExposedDiskCost(in, trial) < ExposedDiskCost(in, best))) {
           best = trial;
           found = true;
         }

@@ -75,28 +75,29 @@ TEST(TierPlanTest, GradientsGoToDiskBeforeOptimizerStates) {
   // Eight chunks of 16 M parameters: 256 MiB each on the host, 2 GiB in
   // all. A gradient on disk frees 32 MiB; the four staging slots cost four
   // slices. With 32 MiB slices that takes every gradient and a chunk's
-  // states (640 MiB of exposed disk traffic), with 16 MiB seven gradients
-  // (224), with 8 MiB six (192): the smaller slots win.
+  // states (640 MiB of exposed disk traffic), with 8 MiB six gradients
+  // (192), with 2 MiB five (160, in 80 requests of 1 MiB: 10 MiB more): the
+  // small slots win; 1 MiB would take five too, in twice the requests.
   TierInput in = Bf16(std::vector<int64_t>(8, 16 * kM), 1900 * kMiB, 1ull << 40);
   TierPlan plan = PlanTiers(in);
   ASSERT_TRUE(plan.feasible) << plan.problem;
-  EXPECT_EQ(plan.grad_chunks_on_disk(), 6);
+  EXPECT_EQ(plan.grad_chunks_on_disk(), 5);
   EXPECT_EQ(plan.optimizer_chunks_on_disk(), 0);
-  EXPECT_EQ(plan.slot_bytes, 8 * kMiB);
-  EXPECT_EQ(plan.staging_bytes, kDiskStagingSlots * 8 * kMiB);
-  EXPECT_EQ(plan.host_steady_bytes, (2048 - 6 * 32 + 32) * kMiB);
-  EXPECT_EQ(plan.disk_grad_bytes, 6 * 32 * kMiB);
+  EXPECT_EQ(plan.slot_bytes, 2 * kMiB);
+  EXPECT_EQ(plan.staging_bytes, kDiskStagingSlots * 2 * kMiB);
+  EXPECT_EQ(plan.host_steady_bytes, (2048 - 5 * 32 + 8) * kMiB);
+  EXPECT_EQ(plan.disk_grad_bytes, 5 * 32 * kMiB);
   EXPECT_EQ(plan.disk_optimizer_bytes, 0u);
   EXPECT_EQ(plan.disk_read_bytes_per_step, plan.disk_bytes);
   EXPECT_EQ(plan.disk_write_bytes_per_step, plan.disk_bytes);
   // A gradient's slice is its chunk's, up to the slot.
   for (size_t c = 0; c < 8; ++c) {
-    EXPECT_EQ(plan.slice_elements[c], plan.grad_tier[c] == Tier::kDisk ? 4 * kM : 0) << c;
+    EXPECT_EQ(plan.slice_elements[c], plan.grad_tier[c] == Tier::kDisk ? kM : 0) << c;
   }
 
   // Tighter: every gradient, then optimizer states. With 16 MiB slices two
   // chunks' states are enough (2048 - 256 - 384 + 64 = 1472 MiB); 32 MiB
-  // slices would take three.
+  // slices would take three, and smaller ones no fewer, in more requests.
   in.host_limit_bytes = 1500 * kMiB;
   plan = PlanTiers(in);
   ASSERT_TRUE(plan.feasible) << plan.problem;
@@ -157,12 +158,12 @@ TEST(TierPlanTest, WhereNothingFitsTheLeastTheHostCanNeedIsShown) {
 }
 
 TEST(TierPlanTest, TooSmallADiskIsNamed) {
-  // Six gradients must go to disk (the plan above): 192 MiB.
+  // Five gradients must go to disk (the plan above): 160 MiB.
   TierInput in = Bf16(std::vector<int64_t>(8, 16 * kM), 1900 * kMiB, 150 * kMiB);
   TierPlan plan = PlanTiers(in);
   ASSERT_FALSE(plan.feasible);
   EXPECT_NE(plan.problem.find("memory.disk_budget"), std::string::npos) << plan.problem;
-  EXPECT_NE(plan.problem.find("the disk tier needs 192.00 MiB"), std::string::npos) << plan.problem;
+  EXPECT_NE(plan.problem.find("the disk tier needs 160.00 MiB"), std::string::npos) << plan.problem;
 }
 
 TEST(TierPlanTest, WithoutADiskTierTheHostLimitIsFinal) {

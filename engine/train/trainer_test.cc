@@ -517,6 +517,47 @@ TEST(TrainerTest, AStreamedCheckpointResumesIntoTheTiersBitForBit) {
   EXPECT_NE(damaged.message().find("changed after it was verified"), std::string::npos) << damaged;
 }
 
+// The disk tier's goal: a host budget of 4 bytes a parameter (a quarter of
+// the model's data) trains, the gradients and most optimizer states on
+// disk, bit for bit as a run that keeps everything on the host.
+TEST(TrainerTest, FourBytesOfHostMemoryAParameterTrainsFromDiskBitForBit) {
+  GptConfig model = TinyModel();
+  model.hidden = 256;
+  model.heads = 4;
+  model.vocab_size = 2048;
+  model.seq_len = 64;
+  TrainOptions o = Quick(3);
+  o.precision = TrainOptions::Precision::kBf16;
+  const uint64_t params = static_cast<uint64_t>(model.ParameterCount());
+  // ZeRO-Offload's split: every update on the host side, every step.
+  MemoryOptions memory;
+  memory.policy = MemoryOptions::Policy::kStatic;
+  auto host = Train(model, o, kAmple, memory);
+  ASSERT_TRUE(host->status.ok()) << host->status;
+  memory.host_budget_bytes = 4 * params;
+  memory.disk_dir = testing::EmptyTestPath("four-bytes-disk-tier");
+  memory.disk_budget_bytes = 1ull << 30;
+  auto disk = Train(model, o, kAmple, memory);
+  ASSERT_TRUE(disk->status.ok()) << disk->status;
+  ASSERT_EQ(disk->observer.reports.size(), host->observer.reports.size());
+  for (size_t i = 0; i < host->observer.reports.size(); ++i) {
+    const StepReport& r = disk->observer.reports[i];
+    EXPECT_EQ(r.loss, host->observer.reports[i].loss) << "step " << i + 1;
+    EXPECT_EQ(r.grad_norm, host->observer.reports[i].grad_norm) << "step " << i + 1;
+    EXPECT_LE(r.memory_stats.peak_host_model_bytes, 4 * params) << "step " << i + 1;
+    EXPECT_GT(r.memory_stats.disk_to_host_bytes, 0u) << "step " << i + 1;
+    EXPECT_GT(r.memory_stats.host_to_disk_bytes, 0u) << "step " << i + 1;
+  }
+  EXPECT_GT(host->observer.reports.back().memory_stats.peak_host_model_bytes, 4 * params);
+  int grads_on_disk = 0, states_on_disk = 0;
+  for (const PayloadReport& p : disk->observer.placement.payloads) {
+    if (p.home != "disk") continue;
+    ++(p.kind == PayloadKind::kGrad ? grads_on_disk : states_on_disk);
+  }
+  EXPECT_EQ(grads_on_disk, static_cast<int>(disk->observer.placement.payloads.size() / 3)) << "every chunk's";
+  EXPECT_GT(states_on_disk, 0);
+}
+
 TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {
   auto run = Train(SixLayers(), Small(3), 64 << 10, MemoryOptions());
   EXPECT_EQ(run->status.code(), absl::StatusCode::kResourceExhausted) << run->status;
