@@ -45,8 +45,18 @@ uint32_t Crc32(const std::string& data) {
 
 // A produced file is synced and dropped from the page cache every this many
 // bytes, so that writing a model's worth of state does not fill the host's
-// memory with dirty pages.
+// memory with dirty pages; a file left on disk leaves the page cache as
+// often while it is read (once to verify it, once more to restore it), so
+// that the restore's own allocations do not have to reclaim it first.
 constexpr uint64_t kSyncEveryBytes = 256ull << 20;
+
+// Drops [*dropped, done) of `fd` from the page cache once it is
+// kSyncEveryBytes or more (or `done` is the end, `last`).
+void DropBehind(int fd, uint64_t done, bool last, uint64_t* dropped) {
+  if (done - *dropped < kSyncEveryBytes && !last) return;
+  (void)posix_fadvise(fd, static_cast<off_t>(*dropped), static_cast<off_t>(done - *dropped), POSIX_FADV_DONTNEED);
+  *dropped = done;
+}
 
 // A file name a checkpoint may hold: a plain name inside its directory,
 // not the directory itself, its parent or the manifest.
@@ -229,7 +239,7 @@ absl::StatusOr<UniqueFd> OpenVerified(int dir, const CheckpointManifest::File& f
   if (held != nullptr) held->resize(file.size);
   std::vector<char> buffer(held != nullptr ? 0 : std::min<uint64_t>(file.size, 4 << 20));
   uLong crc = crc32(0L, Z_NULL, 0);
-  uint64_t done = 0;
+  uint64_t done = 0, dropped = 0;
   while (done < file.size) {
     char* into = held != nullptr ? held->data() + done : buffer.data();
     const size_t want = held != nullptr ? file.size - done : std::min<uint64_t>(buffer.size(), file.size - done);
@@ -239,8 +249,8 @@ absl::StatusOr<UniqueFd> OpenVerified(int dir, const CheckpointManifest::File& f
     if (n == 0) return absl::DataLossError(absl::StrCat(file.name, ": shorter than the manifest's ", file.size, " bytes"));
     crc = CrcUpdate(crc, into, static_cast<size_t>(n));
     done += static_cast<uint64_t>(n);
+    if (held == nullptr) DropBehind(fd.get(), done, done == file.size, &dropped);
   }
-  if (held == nullptr) (void)posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (static_cast<uint32_t>(crc) != file.crc32) {
     return absl::DataLossError(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x", file.name,
                                                static_cast<uint32_t>(crc), file.crc32));
@@ -440,8 +450,8 @@ absl::Status CheckpointFileReader::Read(void* data, size_t size) {
   }
   crc_ = CrcUpdate(crc_, data, size);
   offset_ += size;
+  DropBehind(*stored_->fd, offset_, offset_ == size_, &dropped_);
   if (offset_ == size_) {
-    (void)posix_fadvise(*stored_->fd, 0, 0, POSIX_FADV_DONTNEED);
     if (static_cast<uint32_t>(crc_) != stored_->crc32) {
       return absl::DataLossError(absl::StrFormat("checkpoint: %s changed after it was verified (CRC-32 %08x, the "
                                                  "manifest says %08x)",

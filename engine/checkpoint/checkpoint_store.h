@@ -88,6 +88,8 @@ class CheckpointFileReader {
   std::string name_;
   uint64_t size_ = 0;
   uint64_t offset_ = 0;
+  // Read and dropped from the page cache.
+  uint64_t dropped_ = 0;
   unsigned long crc_ = 0;
 };
 
