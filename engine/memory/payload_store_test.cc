@@ -146,7 +146,9 @@ TEST(PayloadMoverTest, AGradientFetchedBackAndAccumulatedIsCopiedOutAgain) {
     }
     ASSERT_TRUE(table.IndexStages().ok());
     Payload& g = chunk.payload(PayloadKind::kGrad);
-    if (on_disk) ASSERT_TRUE(store.OpenDisk(DiskOptions("refetched"), {&g}, kDiskSliceQuantum * 4).ok());
+    if (on_disk) {
+      ASSERT_TRUE(store.OpenDisk(DiskOptions("refetched"), {&g}, kDiskSliceQuantum * 4).ok());
+    }
     PeriodTracer tracer(&table, MemoryOptions());
     StepMemoryStats stats;
     PayloadMover mover(&device, &store, &table, &tracer, &stats);
