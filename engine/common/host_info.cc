@@ -3,6 +3,10 @@
 #include <sched.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <cstdio>
 #include <string>
 
@@ -36,6 +40,26 @@ int HostCpuCount() {
   }
   const long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+bool CpuHasBf16Arithmetic() {
+#if defined(__x86_64__)
+  // The OS must save the AVX-512 state (the same check avx512f implies).
+  if (!__builtin_cpu_supports("avx512f")) return false;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool amx_bf16 = (edx >> 22) & 1u;
+  const unsigned subleaves = eax;
+  bool avx512_bf16 = false;
+  if (subleaves >= 1) {
+    __cpuid_count(7, 1, eax, ebx, ecx, edx);
+    avx512_bf16 = (eax >> 5) & 1u;
+  }
+  return avx512_bf16 || amx_bf16;
+#else
+  return false;
+#endif
 }
 
 }  // namespace ferry

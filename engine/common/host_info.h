@@ -18,4 +18,9 @@ uint64_t ProcessResidentBytes(int pid);
 // Online CPUs this process may run on.
 int HostCpuCount();
 
+// Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16, with
+// the OS saving AVX-512 state), so that bf16 matrix products beat fp32 ones.
+// False on other architectures.
+bool CpuHasBf16Arithmetic();
+
 }  // namespace ferry

@@ -289,7 +289,8 @@ torch::Tensor GptImpl::Head(const torch::Tensor& x) {
 torch::Tensor GptImpl::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
   if (tensor_->size() > 1) return Loss(Head(x), targets);
   const torch::Tensor normed = Norm(x, ln_f, *mode_);
-  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), wte->weight, targets.reshape({-1}));
+  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), wte->weight, targets.reshape({-1}),
+                            /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast);
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {

@@ -25,8 +25,10 @@ namespace ferry {
 // How the model computes. With fp32 weights everything is plain fp32. With
 // reduced-precision weights (fp16, bf16) activations are kept in that type;
 // layer norms and softmax always compute in fp32; and with `upcast` (for
-// devices without fast reduced-precision kernels, such as the CPU) matrix
-// products compute in fp32 too, their results stored reduced.
+// devices without fast kernels for the type: a CPU in fp16, or in bf16
+// without bf16 arithmetic) matrix products compute in fp32 too, their
+// results stored reduced. Without it they compute in the reduced type (fp32
+// accumulation, one rounding of each result).
 struct ComputeMode {
   c10::ScalarType dtype = c10::kFloat;
   bool upcast = false;

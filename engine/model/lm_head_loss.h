@@ -14,10 +14,13 @@
 // none, so no W-sized gradient is ever allocated; else W's gradient is
 // returned whole.
 //
-// The products are computed in fp32 (from reduced values when x and W are
-// fp16 or bf16), and in reduced precision the logits and their gradient are
-// rounded to that type as the unsliced head rounds them, so training is the
-// same up to the order of the softmax's sums.
+// In reduced precision the logits and their gradient are rounded to that
+// type as the unsliced head rounds them, so training is the same up to the
+// order of the softmax's sums. The products compute in fp32 from the
+// reduced values, or with `native` in the reduced type itself (fp32
+// accumulation where the kernels have it, as oneDNN's bf16 GEMM and cuBLAS
+// do): the logits are then the product's own rounding, and the slices'
+// gradients of x are summed in fp64 from their reduced values.
 
 #include <ATen/Tensor.h>
 
@@ -29,6 +32,6 @@ namespace ferry {
 // [rows, hidden], W [vocab, hidden] (same type), targets [rows] (int64).
 // `slice_rows` vocabulary rows are computed at a time.
 at::Tensor LmHeadCrossEntropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                              int64_t slice_rows = 4096);
+                              int64_t slice_rows = 4096, bool native = false);
 
 }  // namespace ferry

@@ -77,6 +77,32 @@ TEST(LmHeadLossTest, ReducedPrecisionRoundsAsTheWholeHeadDoes) {
   EXPECT_LT(MaxRelative(sliced.grad_w, whole.grad_w), 2e-2);
 }
 
+TEST(LmHeadLossTest, NativeReducedProductsStayWithinBf16RoundingOfTheFp32Ones) {
+  torch::manual_seed(5);
+  torch::Tensor x = torch::randn({64, 32}).to(torch::kBFloat16);
+  torch::Tensor w = (torch::randn({500, 32}) * 0.3).to(torch::kBFloat16);
+  torch::Tensor targets = torch::randint(0, 500, {64}, torch::kLong);
+  const Result fp32 = Sliced(x, w, targets, 64);
+  torch::Tensor xn = x.detach().clone().requires_grad_(true);
+  torch::Tensor wn = w.detach().clone().requires_grad_(true);
+  torch::Tensor loss = LmHeadCrossEntropy(xn, wn, targets, 64, /*native=*/true);
+  loss.backward();
+  EXPECT_EQ(xn.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(wn.grad().scalar_type(), torch::kBFloat16);
+  // Both round each logit to bf16 once; they differ by the order of the
+  // products' sums (and, natively, a bf16 rounding of each slice's
+  // gradient of x before the slices are summed).
+  EXPECT_NEAR(loss.item<double>(), fp32.loss, 1e-3 * fp32.loss);
+  EXPECT_LT(MaxRelative(xn.grad(), fp32.grad_x), 2e-2);
+  EXPECT_LT(MaxRelative(wn.grad(), fp32.grad_w), 2e-2);
+  // In fp32 there is nothing to compute natively: the same numbers.
+  torch::Tensor xf = torch::randn({16, 8});
+  torch::Tensor wf = torch::randn({40, 8});
+  torch::Tensor tf = torch::randint(0, 40, {16}, torch::kLong);
+  EXPECT_EQ(LmHeadCrossEntropy(xf, wf, tf, 16, true).item<double>(),
+            LmHeadCrossEntropy(xf, wf, tf, 16, false).item<double>());
+}
+
 }  // namespace
 }  // namespace ferry
 

@@ -31,6 +31,15 @@ struct TrainOptions {
   // master weights (mixed precision; the chunked engine only).
   enum class Precision { kFp32, kFp16, kBf16 };
   Precision precision = Precision::kFp32;
+  // On the CPU, how bf16 matrix products compute. Natively: bf16 inputs,
+  // fp32 accumulation (oneDNN's bf16 GEMM), each product rounded once to
+  // bf16. Or in fp32 from the bf16 values, the result rounded to bf16: the
+  // same rounding of the result, but the CPU's fp32 rate. Auto is native
+  // where the CPU multiplies bf16 (AVX512-BF16, AMX), fp32 elsewhere. fp16
+  // products always compute in fp32 on the CPU; devices with reduced-
+  // precision kernels (CUDA) always compute natively.
+  enum class CpuBf16Matmul { kAuto, kNative, kFp32 };
+  CpuBf16Matmul cpu_bf16_matmul = CpuBf16Matmul::kAuto;
   // fp16: the initial loss scale and the clean steps before it grows.
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 1000;

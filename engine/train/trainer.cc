@@ -38,6 +38,20 @@ uint64_t TensorBytes(const torch::Tensor& t) {
 
 bool Decays(const torch::Tensor& p) { return p.dim() >= 2; }
 
+// Whether bf16 matrix products compute natively on the CPU.
+bool NativeCpuBf16(const TrainOptions& train, c10::ScalarType dtype) {
+  if (dtype != at::kBFloat16) return false;
+  switch (train.cpu_bf16_matmul) {
+    case TrainOptions::CpuBf16Matmul::kNative:
+      return true;
+    case TrainOptions::CpuBf16Matmul::kFp32:
+      return false;
+    case TrainOptions::CpuBf16Matmul::kAuto:
+      break;
+  }
+  return CpuHasBf16Arithmetic();
+}
+
 // A generator's state (a byte tensor) as a checkpoint file, and back.
 std::string StateBytes(const at::Tensor& state) {
   const at::Tensor bytes = state.to(at::kCPU).contiguous();
@@ -348,11 +362,18 @@ class ChunkedEngine : public StepEngine {
         break;
     }
     // Reduced-precision matrix products run natively where the device has
-    // fast kernels for them; the CPU computes them in fp32.
+    // fast kernels for them: CUDA, and for bf16 a CPU that multiplies bf16.
     ComputeMode mode = model_->compute_mode();
     mode.dtype = optimizer.param_dtype;
-    mode.upcast = device_->compute_device().is_cpu();
+    mode.upcast = device_->compute_device().is_cpu() && !NativeCpuBf16(train_, mode.dtype);
     model_->SetComputeMode(mode);
+    if (device_->compute_device().is_cpu() && mode.dtype == at::kBFloat16) {
+      observer_->OnLog(LogLevel::kInfo,
+                       mode.upcast ? std::string("compute: bf16 matrix products in fp32 (this CPU has no bf16 "
+                                                 "arithmetic, or train.cpu_bf16_matmul says fp32)")
+                                   : std::string("compute: bf16 matrix products native (bf16 inputs, fp32 "
+                                                 "accumulation, bf16 results)"));
+    }
     // Filling a large model's chunks takes minutes: say how far it is (at
     // most every 10 s), and stop there when asked to.
     const auto fill_start = std::chrono::steady_clock::now();

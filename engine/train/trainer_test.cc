@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 
 #include "engine/checkpoint/test_files.h"
@@ -18,6 +19,7 @@ class RecordingObserver : public TrainingObserver {
   void OnStarted(const TrainingStarted& s) override { started = s; }
   void OnStep(const StepReport& r) override { reports.push_back(r); }
   void OnPlacement(const PlacementReport& p) override { placement = p; }
+  void OnLog(LogLevel, const std::string& message) override { logs.push_back(message); }
   bool StopRequested() override {
     ++stop_asks;
     return (stop_after > 0 && int(reports.size()) >= stop_after) || (stop_at_ask > 0 && stop_asks >= stop_at_ask);
@@ -29,8 +31,16 @@ class RecordingObserver : public TrainingObserver {
     return l;
   }
 
+  bool Logged(const std::string& part) const {
+    for (const std::string& l : logs) {
+      if (l.find(part) != std::string::npos) return true;
+    }
+    return false;
+  }
+
   TrainingStarted started;
   std::vector<StepReport> reports;
+  std::vector<std::string> logs;
   PlacementReport placement;
   int stop_after = 0;
   // Stop at the n-th question, wherever it is asked (while the model is
@@ -151,6 +161,45 @@ TEST(TrainerTest, ReducedPrecisionTrainsAsWellAsFp32) {
     EXPECT_EQ(params, 2 * n);
     EXPECT_EQ(states, 12 * n);
   }
+}
+
+// bf16 matrix products on the CPU, natively (bf16 inputs, fp32
+// accumulation) and in fp32 from the bf16 values: both follow fp32 training
+// over 50 steps within 0.5% of its loss, and each other as closely.
+TEST(TrainerTest, NativeBf16ComputeOnTheCpuTracksFp32) {
+  constexpr int kSteps = 50;
+  auto fp32 = Train(TinyModel(), Quick(kSteps), kAmple, MemoryOptions());
+  ASSERT_TRUE(fp32->status.ok()) << fp32->status;
+  std::map<TrainOptions::CpuBf16Matmul, std::vector<double>> losses;
+  for (auto how : {TrainOptions::CpuBf16Matmul::kNative, TrainOptions::CpuBf16Matmul::kFp32}) {
+    const bool native = how == TrainOptions::CpuBf16Matmul::kNative;
+    SCOPED_TRACE(native ? "native" : "fp32 products");
+    TrainOptions o = Quick(kSteps);
+    o.precision = TrainOptions::Precision::kBf16;
+    o.cpu_bf16_matmul = how;
+    auto run = Train(TinyModel(), o, kAmple, MemoryOptions());
+    ASSERT_TRUE(run->status.ok()) << run->status;
+    EXPECT_TRUE(run->observer.Logged(native ? "bf16 matrix products native" : "bf16 matrix products in fp32"));
+    losses[how] = run->observer.Losses();
+    ASSERT_EQ(losses[how].size(), size_t{kSteps});
+  }
+  const std::vector<double> reference = fp32->observer.Losses();
+  double native_vs_fp32 = 0, upcast_vs_fp32 = 0, native_vs_upcast = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    const double n = losses[TrainOptions::CpuBf16Matmul::kNative][size_t(i)];
+    const double u = losses[TrainOptions::CpuBf16Matmul::kFp32][size_t(i)];
+    const double f = reference[size_t(i)];
+    native_vs_fp32 = std::max(native_vs_fp32, std::abs(n - f) / f);
+    upcast_vs_fp32 = std::max(upcast_vs_fp32, std::abs(u - f) / f);
+    native_vs_upcast = std::max(native_vs_upcast, std::abs(n - u) / u);
+  }
+  std::printf("largest relative loss difference over %d steps: native-fp32 %.3g, fp32 products-fp32 %.3g, "
+              "native-fp32 products %.3g\n", kSteps, native_vs_fp32, upcast_vs_fp32, native_vs_upcast);
+  // Measured here (AVX512-BF16): 1.1e-3, 1.0e-3 and 5.3e-4. The stated
+  // tolerance is 0.5% of the loss at every step.
+  EXPECT_LT(native_vs_fp32, 5e-3);
+  EXPECT_LT(upcast_vs_fp32, 5e-3);
+  EXPECT_LT(native_vs_upcast, 5e-3);
 }
 
 TEST(TrainerTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {

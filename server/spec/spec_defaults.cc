@@ -56,6 +56,9 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   if (train->precision() == ferry::v1::PRECISION_UNSPECIFIED) {
     train->set_precision(ferry::v1::PRECISION_FP32);
   }
+  if (train->cpu_bf16_matmul() == ferry::v1::CPU_BF16_MATMUL_UNSPECIFIED) {
+    train->set_cpu_bf16_matmul(ferry::v1::CPU_BF16_MATMUL_AUTO);
+  }
   if (!train->has_beta1()) train->set_beta1(0.9);
   if (!train->has_beta2()) train->set_beta2(0.95);
   if (!train->has_eps()) train->set_eps(1e-8);
@@ -144,6 +147,16 @@ TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
   }
   o.loss_scale = train.loss_scale();
   o.loss_scale_growth_interval = train.loss_scale_growth_interval();
+  switch (train.cpu_bf16_matmul()) {
+    case ferry::v1::CPU_BF16_MATMUL_NATIVE:
+      o.cpu_bf16_matmul = TrainOptions::CpuBf16Matmul::kNative;
+      break;
+    case ferry::v1::CPU_BF16_MATMUL_FP32:
+      o.cpu_bf16_matmul = TrainOptions::CpuBf16Matmul::kFp32;
+      break;
+    default:
+      o.cpu_bf16_matmul = TrainOptions::CpuBf16Matmul::kAuto;
+  }
   return o;
 }
 
