@@ -468,6 +468,14 @@ int Cli::Top(const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("top takes one job id");
   const std::string& id = args[0];
   const bool tty = !options_.json && &out_ == &std::cout && isatty(STDOUT_FILENO);
+  // The device's matrix-product rate, to set the job's achieved rate beside.
+  ferry::v1::DaemonInfo info;
+  bool have_info = false;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    have_info = Stub().GetDaemonInfo(&ctx, ferry::v1::GetDaemonInfoRequest(), &info).ok();
+  }
   for (;;) {
     Job job;
     {
@@ -498,7 +506,7 @@ int Cli::Top(const std::vector<std::string>& args) {
       int width = 100;
       if (columns != nullptr) width = std::max(40, std::atoi(columns));
       if (tty) out_ << "\x1b[H\x1b[2J";  // home and clear: a live view
-      out_ << TopFrame(job, have_placement ? &placement : nullptr, width);
+      out_ << TopFrame(job, have_placement ? &placement : nullptr, width, have_info ? &info : nullptr);
       if (!tty) out_ << "\n";
     }
     out_.flush();

@@ -172,6 +172,15 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
   return out;
 }
 
+namespace {
+
+std::string FormatFlops(double flops) {
+  if (flops >= 1e12) return absl::StrFormat("%.2f TFLOP/s", flops / 1e12);
+  return absl::StrFormat("%.1f GFLOP/s", flops / 1e9);
+}
+
+}  // namespace
+
 std::string DaemonInfoText(const ferry::v1::DaemonInfo& info) {
   std::string out = absl::StrFormat("ferryd %s (LibTorch %s), %d CPUs, %s host memory\n",
                                     info.version(), info.torch_version(), info.host_cpus(),
@@ -181,8 +190,12 @@ std::string DaemonInfoText(const ferry::v1::DaemonInfo& info) {
     absl::StrAppend(&out, "paths:   job spec paths must be inside ", absl::StrJoin(info.allowed_roots(), ", "), "\n");
   }
   for (const ferry::v1::Device& d : info.devices()) {
-    absl::StrAppendFormat(&out, "device:  %s (%s), %s\n", d.name(), d.description(),
-                          FormatSize(d.memory_bytes()));
+    absl::StrAppendFormat(&out, "device:  %s (%s), %s", d.name(), d.description(), FormatSize(d.memory_bytes()));
+    if (d.fp32_matmul_flops() > 0) {
+      absl::StrAppend(&out, "; matrix products ", FormatFlops(d.fp32_matmul_flops()), " fp32, ",
+                      FormatFlops(d.bf16_matmul_flops()), " bf16");
+    }
+    out += "\n";
   }
   const ferry::v1::Limits& l = info.limits();
   absl::StrAppendFormat(&out, "limits:  %d queued jobs, %d watchers per job, %d buffered events, %s messages\n",
@@ -315,7 +328,21 @@ std::string JsonToYaml(const std::string& json) {
   }
 }
 
-std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width) {
+namespace {
+
+// The matrix-product rate a job of `precision` can reach on `device`: bf16
+// products where the job is in reduced precision and the device multiplies
+// bf16 faster than fp32 (a CPU without bf16 arithmetic computes them in
+// fp32), fp32 otherwise.
+double MatmulRateFor(const ferry::v1::Device& device, ferry::v1::Precision precision) {
+  const bool reduced = precision == ferry::v1::PRECISION_BF16 || precision == ferry::v1::PRECISION_FP16;
+  return reduced ? std::max(device.bf16_matmul_flops(), device.fp32_matmul_flops()) : device.fp32_matmul_flops();
+}
+
+}  // namespace
+
+std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width,
+                     const ferry::v1::DaemonInfo* info) {
   const ferry::v1::Progress& p = job.progress();
   const int bar = std::max(10, std::min(60, width - 50));
   std::string out = absl::StrFormat("%s%s  %s", job.id(), job.spec().name().empty() ? "" : " (" + job.spec().name() + ")",
@@ -333,6 +360,18 @@ std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement
   absl::StrAppendFormat(&out, "loss %.4f%s  lr %.3g  grad norm %.3g  %.0f tok/s  %.3f s/step\n", p.loss(),
                         job.has_initial_loss() ? absl::StrFormat(" (first %.4f)", job.initial_loss()) : "", p.lr(),
                         p.grad_norm(), p.tokens_per_second(), p.step_seconds());
+  if (p.achieved_flops() > 0) {
+    absl::StrAppend(&out, "compute ", FormatFlops(p.achieved_flops()), " (6 x parameters x tokens a second)");
+    double rate = 0;
+    if (info != nullptr && info->devices_size() > 0) {
+      rate = MatmulRateFor(info->devices(0), job.spec().train().precision());
+    }
+    if (rate > 0) {
+      absl::StrAppend(&out, ", ", Percent(p.achieved_flops(), rate), " of the device's ", FormatFlops(rate),
+                      " matrix-product rate");
+    }
+    out += "\n";
+  }
 
   // Memory per tier.
   uint64_t device_capacity = 0, host_capacity = 0, disk_capacity = 0;

@@ -48,7 +48,10 @@ std::string JsonToYaml(const std::string& json);
 // One frame of `ferry top`: progress, memory per tier as bars (the disk
 // tier's where the job has one), bytes moved between the tiers, where the
 // step's time went (waiting for the disk as part of the optimizer's). `placement` may be null (before the first
-// step). `width` is the terminal's.
-std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width);
+// step). With `info` (may be null), the step's achieved FLOP/s beside the
+// device's matrix-product rate for the job's precision. `width` is the
+// terminal's.
+std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement* placement, int width,
+                     const ferry::v1::DaemonInfo* info = nullptr);
 
 }  // namespace ferry

@@ -231,6 +231,27 @@ TEST(FormatTest, TopFrameShowsProgressMemoryMovesAndTime) {
             std::string::npos)
       << frame;
   EXPECT_EQ(frame.find("disk"), std::string::npos) << "no disk tier, no disk figures: " << frame;
+  EXPECT_EQ(frame.find("FLOP/s"), std::string::npos) << "no rate measured, none shown: " << frame;
+
+  // The achieved rate, beside the device's for the job's precision: bf16
+  // where the device multiplies bf16 faster, fp32 otherwise.
+  p->set_achieved_flops(45e9);
+  ferry::v1::DaemonInfo info;
+  ferry::v1::Device* cpu = info.add_devices();
+  cpu->set_fp32_matmul_flops(180e9);
+  cpu->set_bf16_matmul_flops(600e9);
+  EXPECT_NE(TopFrame(job, nullptr, 80, &info)
+                .find("compute 45.0 GFLOP/s (6 x parameters x tokens a second), 25% of the device's 180.0 GFLOP/s "
+                      "matrix-product rate\n"),
+            std::string::npos)
+      << TopFrame(job, nullptr, 80, &info);
+  job.mutable_spec()->mutable_train()->set_precision(ferry::v1::PRECISION_BF16);
+  EXPECT_NE(TopFrame(job, nullptr, 80, &info).find("8% of the device's 600.0 GFLOP/s"), std::string::npos);
+  cpu->set_bf16_matmul_flops(90e9);  // no bf16 arithmetic: its products compute in fp32
+  EXPECT_NE(TopFrame(job, nullptr, 80, &info).find("25% of the device's 180.0 GFLOP/s"), std::string::npos);
+  EXPECT_NE(TopFrame(job, nullptr, 80).find("compute 45.0 GFLOP/s (6 x parameters x tokens a second)\n"),
+            std::string::npos);
+  p->set_achieved_flops(0);
 
   // With the disk tier: its bar, its traffic, and the optimizer's wait for
   // it ('w', out of the optimizer's cells).

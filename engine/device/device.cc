@@ -1,7 +1,10 @@
 #include "engine/device/device.h"
 
+#include <ATen/ATen.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
+
+#include <chrono>
 
 #ifdef FERRY_LIBTORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -90,5 +93,26 @@ uint64_t DeviceMemoryTotalBytes(const c10::Device& device) {
 }
 
 std::string TorchVersion() { return TORCH_VERSION; }
+
+double MeasureMatmulFlops(const c10::Device& device, c10::ScalarType dtype, int64_t size, double seconds) {
+  const at::TensorOptions options = at::TensorOptions().device(device).dtype(dtype);
+  const at::Tensor a = at::randn({size, size}, options.dtype(at::kFloat)).to(dtype);
+  const at::Tensor b = at::randn({size, size}, options.dtype(at::kFloat)).to(dtype);
+  at::Tensor c = at::empty({size, size}, options);
+  // The host waits for the device's work: a scalar read back.
+  auto finish = [&] { (void)c.select(0, 0).select(0, 0).item<float>(); };
+  at::mm_out(c, a, b);
+  finish();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t products = 0;
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < 4; ++i) at::mm_out(c, a, b);
+    products += 4;
+    finish();
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  return 2.0 * double(size) * double(size) * double(size) * double(products) / elapsed;
+}
 
 }  // namespace ferry

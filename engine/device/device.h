@@ -4,6 +4,7 @@
 // differs between a CPU and a CUDA LibTorch build lives behind this header.
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
@@ -42,5 +43,13 @@ uint64_t DeviceMemoryTotalBytes(const c10::Device& device);
 
 // The LibTorch version the worker was built against, e.g. "1.13.1".
 std::string TorchVersion();
+
+// The rate of square matrix products of `size` in `dtype` on `device`, in
+// floating-point operations a second (2 size^3 a product), measured for at
+// least `seconds` after one unmeasured product, with LibTorch's current
+// intra-op threads. A short probe: the machine's GEMM rate, against which a
+// training step's achieved rate is set.
+double MeasureMatmulFlops(const c10::Device& device, c10::ScalarType dtype, int64_t size = 1024,
+                          double seconds = 0.25);
 
 }  // namespace ferry

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <cmath>
+
 namespace ferry {
 namespace {
 
@@ -22,6 +24,14 @@ TEST(DeviceTest, ResolvesNames) {
   EXPECT_EQ(ResolveDevice("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
   if (!torch::cuda::is_available()) {
     EXPECT_EQ(ResolveDevice("cuda:0").status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(DeviceTest, MeasuresAMatmulRateInEachType) {
+  for (c10::ScalarType dtype : {c10::kFloat, c10::kBFloat16}) {
+    const double flops = MeasureMatmulFlops(c10::Device(c10::kCPU), dtype, /*size=*/128, /*seconds=*/0.01);
+    EXPECT_GT(flops, 0) << c10::toString(dtype);
+    EXPECT_TRUE(std::isfinite(flops)) << c10::toString(dtype);
   }
 }
 

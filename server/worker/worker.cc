@@ -1,5 +1,6 @@
 #include "server/worker/worker.h"
 
+#include <ATen/Parallel.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -82,6 +83,7 @@ class Reporter : public TrainingObserver {
   }
 
   void OnStarted(const TrainingStarted& started) override {
+    parameters_ = started.parameters;
     WorkerReport report;
     report.mutable_started()->set_device(started.device);
     report.mutable_started()->set_parameters(static_cast<uint64_t>(started.parameters));
@@ -114,6 +116,7 @@ class Reporter : public TrainingObserver {
     p->set_loss(r.loss);
     p->set_tokens_per_second(r.tokens_per_second);
     p->set_step_seconds(r.step_seconds);
+    p->set_achieved_flops(6.0 * static_cast<double>(parameters_) * r.tokens_per_second);
     p->set_device_memory_bytes(r.device_memory_bytes);
     p->set_host_memory_bytes(r.host_memory_bytes);
     p->set_lr(r.lr);
@@ -287,6 +290,7 @@ class Reporter : public TrainingObserver {
   bool pending_placement_ = false;
   absl::Time last_placement_ = absl::InfinitePast();
   uint64_t last_step_ = 0;
+  int64_t parameters_ = 0;  // the whole model's
   bool final_step_ = false;
 };
 
@@ -608,6 +612,14 @@ int RunProbe() {
     out->set_name(d.name);
     out->set_description(d.description);
     out->set_memory_bytes(d.memory_bytes);
+    // The device's matrix-product rate, for `ferry top` to set a job's
+    // achieved rate beside: every host CPU for the CPU.
+    absl::StatusOr<c10::Device> device = ResolveDevice(d.name);
+    if (device.ok()) {
+      if (device->is_cpu()) at::set_num_threads(HostCpuCount());
+      out->set_fp32_matmul_flops(MeasureMatmulFlops(*device, at::kFloat));
+      out->set_bf16_matmul_flops(MeasureMatmulFlops(*device, at::kBFloat16));
+    }
   }
   probe.set_torch_version(TorchVersion());
   std::string json;

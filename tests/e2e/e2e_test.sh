@@ -22,6 +22,9 @@ METRICS="$READY_METRICS"
 echo "ferryd at $FERRY_ADDRESS, metrics at $METRICS"
 
 "$FERRY" info | grep -q "device:  cpu" || fail "ferry info does not list the cpu"
+# The CPU's matrix-product rates, probed once at start.
+"$FERRY" info -o json | json "d['devices'][0]['fp32_matmul_flops'] > 1e8 and d['devices'][0]['bf16_matmul_flops'] > 1e8" \
+  | grep -qx True || fail "ferry info has no matrix-product rates: $("$FERRY" info -o json)"
 
 # A training job; it keeps running while the bad input below is refused.
 ID="$("$FERRY" submit "$EXAMPLE" --set=train.steps=80 -o json | json "d['id']")"
@@ -120,7 +123,8 @@ PYEOF
 "$FERRY" info -o yaml | grep -q "^version: " || fail "ferry info -o yaml"
 expect_refusal 2 "use text, table, json or yaml" -- get "$ID" -o xml
 "$FERRY" top "$ID" --once >"$WORK/top.txt" || fail "ferry top --once"
-for part in "$ID" "SUCCEEDED  step 80/80" "device [" "host   [" "moved   host->device" "time    [" "copying chunks"; do
+for part in "$ID" "SUCCEEDED  step 80/80" "device [" "host   [" "moved   host->device" "time    [" "copying chunks" \
+  "GFLOP/s (6 x parameters x tokens a second), " " of the device's "; do
   grep -qF -- "$part" "$WORK/top.txt" || fail "ferry top lacks '$part': $(cat "$WORK/top.txt")"
 done
 [ "$("$FERRY" top "$ID" --once -o json | head -1 | json "d['id']")" = "$ID" ] || fail "ferry top -o json"
