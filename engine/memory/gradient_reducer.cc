@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "engine/optim/cpu_adam.h"
+
 namespace ferry {
 
 void GradientReducer::Reduce(Chunk& chunk) {
@@ -38,11 +40,20 @@ void GradientReducer::Finish() {
 void GradientReducer::Complete(Chunk& chunk) {
   Payload& g = chunk.payload(PayloadKind::kGrad);
   at::Tensor grads = g.device.narrow(0, 0, chunk.used);
-  // In fp32 whatever the gradients' type; an overflow shows as inf or NaN.
-  // Reduced-precision gradients are widened a piece at a time: a norm in
+  // An overflow shows as inf or NaN. On the CPU, one fused pass in fp64
+  // over the values as they are. Elsewhere in fp32 whatever the gradients'
+  // type, reduced-precision gradients widened a piece at a time: a norm in
   // fp32 of the whole chunk would first copy it whole to fp32 (a 2-byte
   // chunk's size twice over, on the device).
   auto sq_norm = [](const at::Tensor& t) {
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      static const SimdPath path = BestSimdPath();
+      const LowType type = t.scalar_type() == at::kBFloat16 ? LowType::kBFloat16
+                           : t.scalar_type() == at::kHalf   ? LowType::kFloat16
+                                                            : LowType::kFloat32;
+      TORCH_CHECK(type != LowType::kFloat32 || t.scalar_type() == at::kFloat, "gradients of type ", t.scalar_type());
+      return CpuSquaredNorm(t.data_ptr(), type, t.numel(), path);
+    }
     if (t.scalar_type() == at::kFloat) {
       const double n = at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat).item<double>();
       return n * n;

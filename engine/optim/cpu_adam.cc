@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/optim/cpu_adam_scalar.h"
 
@@ -61,6 +62,28 @@ SimdPath BestSimdPath() {
 void CpuAdamRangePortable(const CpuAdamBuffers& b, int64_t begin, int64_t end, bool decay,
                           const CpuAdamScalars& s) {
   for (int64_t i = begin; i < end; ++i) cpu_adam::UpdateOne(b, i, decay, s);
+}
+
+double CpuSquaredNormRangePortable(const void* data, LowType type, int64_t begin, int64_t end) {
+  return cpu_adam::SquaredSum(data, type, begin, end);
+}
+
+double CpuSquaredNorm(const void* data, LowType type, int64_t numel, SimdPath path) {
+  if (numel <= 0) return 0;
+  auto kernel = path == SimdPath::kAvx512 ? &CpuSquaredNormRangeAvx512
+                : path == SimdPath::kAvx2 ? &CpuSquaredNormRangeAvx2
+                                          : &CpuSquaredNormRangePortable;
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t blocks = (numel + kBlock - 1) / kBlock;
+  std::vector<double> sums(static_cast<size_t>(blocks));
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) {
+      sums[static_cast<size_t>(k)] = kernel(data, type, k * kBlock, std::min(numel, (k + 1) * kBlock));
+    }
+  });
+  double total = 0;
+  for (double s : sums) total += s;
+  return total;
 }
 
 void CpuAdamWStep(const CpuAdamBuffers& buffers, const std::vector<DecaySegment>& decay,

@@ -47,6 +47,19 @@ struct CpuAdamBuffers {
 void CpuAdamWStep(const CpuAdamBuffers& buffers, const std::vector<DecaySegment>& decay,
                   const AdamWHyper& hyper, SimdPath path);
 
+// The sum of the squares of the `numel` values of `type` at `data` (the
+// squared L2 norm of a chunk's gradients), accumulated in fp64 in an order
+// that depends on neither the thread count nor the path's width across
+// blocks: blocks of 16K elements, each summed on its own, their sums added
+// in order. inf or NaN where any value is. One pass over the values, no
+// widened copy; split across LibTorch's intra-op threads.
+double CpuSquaredNorm(const void* data, LowType type, int64_t numel, SimdPath path);
+
+// Per-path sums of squares over [begin, end). For the dispatcher and tests.
+double CpuSquaredNormRangePortable(const void* data, LowType type, int64_t begin, int64_t end);
+double CpuSquaredNormRangeAvx2(const void* data, LowType type, int64_t begin, int64_t end);
+double CpuSquaredNormRangeAvx512(const void* data, LowType type, int64_t begin, int64_t end);
+
 // Per-path kernels over [begin, end), all elements decayed or none. For the
 // dispatcher and tests.
 struct CpuAdamScalars {

@@ -84,7 +84,35 @@ FERRY_AVX2 void WithCopy(const CpuAdamBuffers& b, int64_t begin, int64_t end, bo
   return Range<kGrad, 1>(b, begin, end, decay, s);
 }
 
+template <LowType kType>
+FERRY_AVX2 double SquaredSum(const void* data, int64_t begin, int64_t end) {
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 v = LoadGrad8<kType>(data, i);
+    const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    low = _mm256_fmadd_pd(a, a, low);
+    high = _mm256_fmadd_pd(b, b, high);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(low, high));
+  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + cpu_adam::SquaredSum(data, kType, i, end);
+}
+
 }  // namespace
+
+double CpuSquaredNormRangeAvx2(const void* data, LowType type, int64_t begin, int64_t end) {
+  switch (type) {
+    case LowType::kFloat32:
+      return SquaredSum<LowType::kFloat32>(data, begin, end);
+    case LowType::kFloat16:
+      return SquaredSum<LowType::kFloat16>(data, begin, end);
+    case LowType::kBFloat16:
+      return SquaredSum<LowType::kBFloat16>(data, begin, end);
+  }
+  return 0;
+}
 
 void CpuAdamRangeAvx2(const CpuAdamBuffers& b, int64_t begin, int64_t end, bool decay,
                       const CpuAdamScalars& s) {

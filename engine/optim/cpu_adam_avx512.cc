@@ -81,7 +81,34 @@ FERRY_AVX512 void WithCopy(const CpuAdamBuffers& b, int64_t begin, int64_t end, 
   return Range<kGrad, 1>(b, begin, end, decay, s);
 }
 
+template <LowType kType>
+FERRY_AVX512 double SquaredSum(const void* data, int64_t begin, int64_t end) {
+  __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = LoadGrad16<kType>(data, i);
+    const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    const __m512d b =
+        _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)));
+    low = _mm512_fmadd_pd(a, a, low);
+    high = _mm512_fmadd_pd(b, b, high);
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(low, high)) + cpu_adam::SquaredSum(data, kType, i, end);
+}
+
 }  // namespace
+
+double CpuSquaredNormRangeAvx512(const void* data, LowType type, int64_t begin, int64_t end) {
+  switch (type) {
+    case LowType::kFloat32:
+      return SquaredSum<LowType::kFloat32>(data, begin, end);
+    case LowType::kFloat16:
+      return SquaredSum<LowType::kFloat16>(data, begin, end);
+    case LowType::kBFloat16:
+      return SquaredSum<LowType::kBFloat16>(data, begin, end);
+  }
+  return 0;
+}
 
 void CpuAdamRangeAvx512(const CpuAdamBuffers& b, int64_t begin, int64_t end, bool decay,
                         const CpuAdamScalars& s) {

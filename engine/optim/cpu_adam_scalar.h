@@ -79,16 +79,28 @@ inline uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-inline float LoadGrad(const CpuAdamBuffers& b, int64_t i) {
-  switch (b.grad_type) {
+inline float LoadValue(const void* data, LowType type, int64_t i) {
+  switch (type) {
     case LowType::kFloat32:
-      return static_cast<const float*>(b.grad)[i];
+      return static_cast<const float*>(data)[i];
     case LowType::kFloat16:
-      return HalfToFloat(static_cast<const uint16_t*>(b.grad)[i]);
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
     case LowType::kBFloat16:
-      return BFloat16ToFloat(static_cast<const uint16_t*>(b.grad)[i]);
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
   }
   return 0;
+}
+
+inline float LoadGrad(const CpuAdamBuffers& b, int64_t i) { return LoadValue(b.grad, b.grad_type, i); }
+
+// The squares of [begin, end) summed in fp64, one value at a time.
+inline double SquaredSum(const void* data, LowType type, int64_t begin, int64_t end) {
+  double sum = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const double v = LoadValue(data, type, i);
+    sum += v * v;
+  }
+  return sum;
 }
 
 inline void StoreCopy(const CpuAdamBuffers& b, int64_t i, float p) {

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "engine/optim/cpu_adam_scalar.h"
@@ -90,6 +93,40 @@ TEST(CpuAdamTest, EveryPathAgreesWithThePortableOne) {
     results.push_back(master);
   }
   for (size_t i = 1; i < results.size(); ++i) EXPECT_LT(RelativeError(results[i], results[0]), 1e-6) << i;
+}
+
+TEST(CpuAdamTest, SquaredNormOnEveryPathInEveryType) {
+  torch::manual_seed(7);
+  // Longer than a block (16K), of no vector width's multiple.
+  const torch::Tensor values = torch::randn({kN + 40000}) * 3;
+  for (auto [dtype, type] : {std::pair{torch::kFloat, LowType::kFloat32}, std::pair{torch::kHalf, LowType::kFloat16},
+                             std::pair{torch::kBFloat16, LowType::kBFloat16}}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const torch::Tensor t = values.to(dtype);
+    const double exact = t.to(torch::kDouble).square().sum().item<double>();
+    for (SimdPath path : Paths()) {
+      SCOPED_TRACE(SimdPathName(path));
+      const double sq = CpuSquaredNorm(t.data_ptr(), type, t.numel(), path);
+      EXPECT_NEAR(sq, exact, 1e-12 * exact);
+      // The same bits whatever the thread count.
+      const int threads = at::get_num_threads();
+      at::set_num_threads(1);
+      EXPECT_EQ(CpuSquaredNorm(t.data_ptr(), type, t.numel(), path), sq);
+      at::set_num_threads(threads);
+      // Short ranges and tails.
+      EXPECT_NEAR(CpuSquaredNorm(t.data_ptr(), type, 13, path), t.narrow(0, 0, 13).to(torch::kDouble).square().sum().item<double>(), 1e-9);
+      EXPECT_EQ(CpuSquaredNorm(t.data_ptr(), type, 0, path), 0.0);
+    }
+  }
+  // An overflow shows.
+  torch::Tensor bad = torch::ones({1000}, torch::kBFloat16);
+  bad[517] = std::numeric_limits<float>::infinity();
+  for (SimdPath path : Paths()) {
+    EXPECT_TRUE(std::isinf(CpuSquaredNorm(bad.data_ptr(), LowType::kBFloat16, 1000, path))) << SimdPathName(path);
+    bad[517] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(CpuSquaredNorm(bad.data_ptr(), LowType::kBFloat16, 1000, path))) << SimdPathName(path);
+    bad[517] = std::numeric_limits<float>::infinity();
+  }
 }
 
 TEST(CpuAdamTest, ReducedPrecisionGradientsAndCopies) {
