@@ -544,10 +544,11 @@ TEST(ChunkManagerTest, ANewBatchShapeRedoesTheWarmUp) {
 class CountingDevice : public SimulatedDevice {
  public:
   using SimulatedDevice::SimulatedDevice;
-  void CopyToDevice(const at::Tensor& host, const at::Tensor& device) override {
+  TransferEvent CopyToDevice(const at::Tensor& host, const at::Tensor& device,
+                             const TransferEvent& after) override {
     ++copies_in;
     bytes_in += static_cast<uint64_t>(host.numel()) * host.element_size();
-    SimulatedDevice::CopyToDevice(host, device);
+    return SimulatedDevice::CopyToDevice(host, device, after);
   }
   int copies_in = 0;
   uint64_t bytes_in = 0;
@@ -612,22 +613,24 @@ TEST(ChunkManagerTest, PlacementReportsEveryChunkAndTheTrace) {
 }
 
 // The released copy's memory is PROT_NONE: the access itself faults, and the
-// process dies of SIGSEGV (under AddressSanitizer, which catches the signal,
-// with its SEGV report).
-#if defined(__SANITIZE_ADDRESS__)
-#define FERRY_ASAN 1
+// process dies of SIGSEGV (under AddressSanitizer or ThreadSanitizer, which
+// catch the signal, with their SEGV report).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FERRY_SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FERRY_ASAN 1
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FERRY_SANITIZED 1
 #endif
 #endif
-#ifdef FERRY_ASAN
+#ifdef FERRY_SANITIZED
 #define EXPECT_SEGV(statement) EXPECT_DEATH(statement, "SEGV on unknown address")
 #else
 #define EXPECT_SEGV(statement) EXPECT_EXIT(statement, ::testing::KilledBySignal(SIGSEGV), "")
 #endif
 
 TEST(ChunkManagerTest, TouchingAChunkThePeriodDidNotDeclareFaults) {
+  // The simulated device runs copy threads: re-execute, do not fork them.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_SEGV(
       {
         SimulatedDevice device(kAmple);

@@ -33,7 +33,8 @@ const c10::cuda::CUDACachingAllocator::Stat& AllocatedStat(c10::DeviceIndex inde
 CudaDevice::CudaDevice(c10::DeviceIndex index, uint64_t budget_bytes)
     : device_(c10::kCUDA, index),
       capacity_bytes_(DeviceMemoryTotalBytes(device_)),
-      transfer_stream_(Guard().getStreamFromGlobalPool(device_, /*isHighPriority=*/false)) {
+      to_device_stream_(Guard().getStreamFromGlobalPool(device_, /*isHighPriority=*/false)),
+      to_host_stream_(Guard().getStreamFromGlobalPool(device_, /*isHighPriority=*/false)) {
   if (budget_bytes > 0 && budget_bytes < capacity_bytes_) {
 #ifdef FERRY_LIBTORCH_CUDA
     // The allocator itself refuses to go past the budget, so every
@@ -80,33 +81,58 @@ at::Tensor CudaDevice::AllocateHost(int64_t numel, c10::ScalarType dtype) {
   return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
 }
 
-void CudaDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device) {
-  // The transfer stream must not read a buffer compute is still writing.
+namespace {
+
+// A copy's completion: a CUDA event recorded on its stream after it.
+class CudaTransferEvent final : public TransferEvent::Impl {
+ public:
+  explicit CudaTransferEvent(c10::Event event) : event(std::move(event)) {}
+  bool done() const override { return event.query(); }
+  c10::Event event;
+};
+
+}  // namespace
+
+TransferEvent CudaDevice::Copy(const c10::Stream& stream, const at::Tensor& src, const at::Tensor& dst,
+                               const TransferEvent& after) {
+  // The copy must not read a buffer compute is still writing, nor one a
+  // copy the other way is still filling.
   c10::Event ready(c10::DeviceType::CUDA);
   ready.record(Guard().getStream(device_));
-  ready.block(transfer_stream_);
-  c10::StreamGuard stream(transfer_stream_);
-  device.copy_(host, /*non_blocking=*/true);
-}
-
-void CudaDevice::CopyToHost(const at::Tensor& device, const at::Tensor& host) {
-  c10::Event ready(c10::DeviceType::CUDA);
-  ready.record(Guard().getStream(device_));
-  ready.block(transfer_stream_);
-  c10::StreamGuard stream(transfer_stream_);
-  host.copy_(device, /*non_blocking=*/true);
-}
-
-void CudaDevice::ComputeWaitsForTransfers() {
+  ready.block(stream);
+  if (auto* other = static_cast<const CudaTransferEvent*>(after.impl())) other->event.block(stream);
+  {
+    c10::StreamGuard guard(stream);
+    dst.copy_(src, /*non_blocking=*/true);
+  }
   c10::Event done(c10::DeviceType::CUDA);
-  done.record(transfer_stream_);
-  done.block(Guard().getStream(device_));
+  done.record(stream);
+  return TransferEvent(std::make_shared<CudaTransferEvent>(std::move(done)));
 }
 
-void CudaDevice::SynchronizeTransfers() { transfer_stream_.synchronize(); }
+TransferEvent CudaDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device, const TransferEvent& after) {
+  return Copy(to_device_stream_, host, device, after);
+}
 
-void CudaDevice::RecordTransferUse(const c10::DataPtr& data) {
-  if (data.get() != nullptr) Guard().recordDataPtrOnStream(data, transfer_stream_);
+TransferEvent CudaDevice::CopyToHost(const at::Tensor& device, const at::Tensor& host, const TransferEvent& after) {
+  return Copy(to_host_stream_, device, host, after);
+}
+
+void CudaDevice::ComputeWaitsFor(const TransferEvent& event) {
+  if (auto* e = static_cast<const CudaTransferEvent*>(event.impl())) e->event.block(Guard().getStream(device_));
+}
+
+void CudaDevice::SynchronizeTransfers() {
+  to_device_stream_.synchronize();
+  to_host_stream_.synchronize();
+}
+
+void CudaDevice::ReleaseAfterTransfers(c10::DataPtr data) {
+  // The caching allocator reuses the block only once both streams are past
+  // the copies queued so far.
+  if (data.get() == nullptr) return;
+  Guard().recordDataPtrOnStream(data, to_device_stream_);
+  Guard().recordDataPtrOnStream(data, to_host_stream_);
 }
 
 }  // namespace ferry

@@ -21,6 +21,27 @@
 
 namespace ferry {
 
+// The completion of a copy issued to a device's copy engine, as a CUDA event
+// is. Empty (default-constructed): nothing to wait for.
+class TransferEvent {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    // Whether the copy has finished (never blocks).
+    virtual bool done() const = 0;
+  };
+  TransferEvent() = default;
+  explicit TransferEvent(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  bool empty() const { return impl_ == nullptr; }
+  bool done() const { return impl_ == nullptr || impl_->done(); }
+  Impl* impl() const { return impl_.get(); }
+  const std::shared_ptr<Impl>& shared() const { return impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
 class MemoryDevice {
  public:
   virtual ~MemoryDevice() = default;
@@ -49,18 +70,33 @@ class MemoryDevice {
   // transfers overlap compute).
   virtual at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype) = 0;
 
-  // Copies between a chunk's host and device copies (same shape). They may
-  // run on a transfer stream, overlapping compute.
-  virtual void CopyToDevice(const at::Tensor& host, const at::Tensor& device) = 0;
-  virtual void CopyToHost(const at::Tensor& device, const at::Tensor& host) = 0;
-  // Compute issued from now on waits for the copies issued so far.
-  virtual void ComputeWaitsForTransfers() = 0;
-  // The host waits until the copies issued so far are done (before it reads
+  // Copies between a chunk's host and device copies (same shape, same
+  // type, contiguous), issued to the device's copy engine: one queue a
+  // direction, each in order, running beside compute. A copy starts once
+  // the compute issued before it (which may write its source) and `after`
+  // are done; the event it returns completes with it. Both tensors must
+  // stay allocated until then (a device buffer given back goes through
+  // ReleaseAfterTransfers).
+  virtual TransferEvent CopyToDevice(const at::Tensor& host, const at::Tensor& device,
+                                     const TransferEvent& after = TransferEvent()) = 0;
+  virtual TransferEvent CopyToHost(const at::Tensor& device, const at::Tensor& host,
+                                   const TransferEvent& after = TransferEvent()) = 0;
+  // Compute issued from now on waits for `event` (and only for it): the
+  // copy that filled a buffer it is about to read.
+  virtual void ComputeWaitsFor(const TransferEvent& event) = 0;
+  // The host waits until every copy issued so far is done (before it reads
   // or writes host copies).
   virtual void SynchronizeTransfers() = 0;
-  // A device copy that was the target or source of a transfer is about to
-  // be released: the allocator must not reuse it before the transfer ends.
-  virtual void RecordTransferUse(const c10::DataPtr& data) = 0;
+  // A device buffer given back (a chunk's copy released): the memory is
+  // not reused, nor freed, before the copies issued so far that may touch
+  // it are done.
+  virtual void ReleaseAfterTransfers(c10::DataPtr data) = 0;
+  // Device memory given back that waits for its copies: in use until they
+  // are done (SynchronizeTransfers frees it all).
+  virtual uint64_t releasing_bytes() const { return 0; }
+  // Compute is about to run a period's work, its waits issued: a mark in
+  // the device's timeline, where it keeps one (the simulated device).
+  virtual void ComputeBegins() {}
 };
 
 // The device for `name` ("cpu" gives the simulated device, "cuda" or

@@ -31,8 +31,11 @@ void PayloadMover::Evict(Payload& p, bool keep_values) {
       });
       p.disk_valid = true;
     } else {
+      // Written behind: whatever reads the host copy waits for it (a copy
+      // back to the device through host_filled, the host's own work by
+      // SynchronizeTransfers), and the device memory is freed after it.
       store_->EnsureHost(p);
-      device_->CopyToHost(p.device, p.host);
+      p.host_filled = device_->CopyToHost(p.device, p.host, p.host_filled);
       p.host_valid = true;
     }
     stats_->transfer_seconds += SecondsSince(start);
@@ -61,7 +64,8 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
   } else if (p.host_valid || (p.home == Tier::kDisk && p.disk_valid)) {
     const auto start = std::chrono::steady_clock::now();
     if (p.host_valid) {
-      device_->CopyToDevice(p.host, p.device);
+      // Read ahead: compute waits for it only where it needs the payload.
+      p.device_filled = device_->CopyToDevice(p.host, p.device, p.host_filled);
     } else {
       const int64_t n = p.region_numel();
       store_->StreamIn(p, [&](int64_t begin, int64_t count, const std::vector<at::Tensor>& views) {
@@ -70,6 +74,7 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
         }
         device_->SynchronizeTransfers();  // the slot is read into again soon
       });
+      p.device_filled = TransferEvent();  // done
     }
     stats_->transfer_seconds += SecondsSince(start);
     stats_->host_to_device_bytes += p.bytes;

@@ -49,8 +49,9 @@ void PayloadStore::Materialize(Payload& p) {
 void PayloadStore::Release(Payload& p) {
   if (!p.resident) return;
   c10::StorageImpl* storage = p.device.storage().unsafeGetStorageImpl();
-  device_->RecordTransferUse(storage->data_ptr());
-  storage->set_data_ptr(device_->ReleasedPlaceholder(p.bytes));
+  // Copies queued from or into the memory may still be running.
+  device_->ReleaseAfterTransfers(storage->set_data_ptr(device_->ReleasedPlaceholder(p.bytes)));
+  p.device_filled = TransferEvent();
   p.resident = false;
   p.device_valid = false;
   p.prefetched = false;

@@ -59,6 +59,11 @@ struct Payload {
   bool pinned = false;
   // Fetched ahead of its period and not used since.
   bool prefetched = false;
+  // The copy engine's last copy into the device copy (compute waits for it
+  // before reading it) and into the host copy (a copy out of the host copy
+  // waits for it).
+  TransferEvent device_filled;
+  TransferEvent host_filled;
   // Periods that need it on the device, ascending.
   std::vector<int> uses;
 };

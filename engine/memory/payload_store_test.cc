@@ -156,11 +156,15 @@ TEST(PayloadMoverTest, AGradientFetchedBackAndAccumulatedIsCopiedOutAgain) {
     mover.Fetch(g, /*prefetch=*/false);  // this step's gradients start at zero
     EXPECT_TRUE(chunk.grad_started);
     g.device.fill_(1);
+    // As compute does, it waits for the copy that fills what it reads; the
+    // copy back waits for the copy out (host_filled).
     mover.Evict(g, /*keep_values=*/true);
     mover.Fetch(g, /*prefetch=*/false);
+    device.ComputeWaitsFor(g.device_filled);
     g.device.add_(2);
     mover.Evict(g, /*keep_values=*/true);
     mover.Fetch(g, /*prefetch=*/false);
+    device.ComputeWaitsFor(g.device_filled);
     EXPECT_EQ(g.device.min().item<float>(), 3) << "the sum, not the first copy";
     EXPECT_EQ(g.device.max().item<float>(), 3);
     EXPECT_EQ(stats.device_to_host_bytes, 2 * g.bytes);

@@ -1,6 +1,7 @@
 #include "engine/memory/placement_policy.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,9 +49,19 @@ void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Pay
   // Room for the period's predicted non-model memory too, even when its
   // chunks are all here already: chunks kept from earlier periods must not
   // crowd out the activations.
-  if (!adaptive()) return;
   const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
   const double in_use = double(tracer_->Predicted(period)) + double(table_->DeviceModelBytes());
+  // Memory given back while its copies home run (gradients sent to the
+  // host in the backward) is still in use: where the period may need it,
+  // the copies finish first. The warm-up and static placement, which
+  // predict nothing, always wait.
+  const uint64_t releasing = device_->releasing_bytes();
+  if (releasing > 0 && (!adaptive() || in_use + double(bytes) + double(releasing) > limit)) {
+    const auto start = std::chrono::steady_clock::now();
+    device_->SynchronizeTransfers();
+    stats_->transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (!adaptive()) return;
   if (in_use + double(bytes) <= limit) return;
   const uint64_t short_by = static_cast<uint64_t>(in_use + double(bytes) - limit);
   std::vector<EvictionCandidate> candidates;
@@ -68,11 +79,20 @@ void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Pay
       handles.push_back(&p);
     }
   }
+  bool written = false;
   for (int victim : ChooseVictims(std::move(candidates), short_by)) {
     Payload& p = *handles[static_cast<size_t>(victim)];
+    written = written || (p.resident && p.device_valid && !p.host_valid && table_->Preserve(p));
     mover_->Evict(p, table_->Preserve(p));
     ++stats_->evictions;
     tracer_->CountEviction(period);
+  }
+  // An evicted payload's device memory is free once its copy home is done:
+  // the room is made when they are.
+  if (written) {
+    const auto start = std::chrono::steady_clock::now();
+    device_->SynchronizeTransfers();
+    stats_->transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 }
 
@@ -83,8 +103,16 @@ void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
   }
   MakeRoom(to_allocate, period, needed);
   for (Payload* p : needed) mover_->Fetch(*p, /*prefetch=*/false);
-  device_->ComputeWaitsForTransfers();
+  // Compute waits for the copies that fill what it needs, and only those:
+  // the period's own fetches and any prefetched earlier, while the next
+  // period's prefetches go on beside it. (On the simulated device, waiting
+  // holds the compute thread: that time is the step's exposed transfer.)
+  const bool waits = std::any_of(needed.begin(), needed.end(), [](const Payload* p) { return !p->device_filled.done(); });
+  const auto start = std::chrono::steady_clock::now();
+  for (Payload* p : needed) device_->ComputeWaitsFor(p->device_filled);
+  if (waits) stats_->transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Prefetch(period);
+  device_->ComputeBegins();
 }
 
 void PlacementPolicy::Prefetch(int period) {

@@ -7,12 +7,19 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -189,18 +196,239 @@ void UnmapPlaceholder(void* context) {
   delete p;
 }
 
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+// A copy's completion: set by the engine's thread when the copy is done.
+class SimEvent final : public TransferEvent::Impl {
+ public:
+  explicit SimEvent(uint64_t id) : id(id) {}
+  bool done() const override { return finished.load(std::memory_order_acquire); }
+  const uint64_t id;
+  std::atomic<bool> finished{false};
+};
+
+// The simulated device's copy engine: a thread a direction, each running
+// its queue of copies in order.
+class CopyEngine {
+ public:
+  CopyEngine() {
+    for (int d = 0; d < 2; ++d) queues_[d].thread = std::thread([this, d] { Run(d); });
+  }
+
+  ~CopyEngine() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    for (Queue& q : queues_) q.thread.join();
+    // Nothing is queued any more: whatever waited on a copy can go.
+    frees_.clear();
+  }
+
+  TransferEvent Enqueue(bool to_device, const at::Tensor& src, const at::Tensor& dst, const TransferEvent& after) {
+    Job job;
+    job.src = src;
+    job.dst = dst;
+    job.bytes = static_cast<size_t>(src.numel()) * src.element_size();
+    job.source = src.data_ptr();
+    job.target = dst.data_ptr();
+    job.after = std::static_pointer_cast<SimEvent>(after.shared());
+    std::shared_ptr<SimEvent> event;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      event = std::make_shared<SimEvent>(next_id_++);
+      job.done = event;
+      if (keep_timeline_) {
+        CopyRecord r;
+        r.id = event->id;
+        r.to_device = to_device;
+        r.bytes = job.bytes;
+        r.enqueued_ns = NowNs();
+        records_.push_back(r);
+      }
+      Queue& q = queues_[to_device ? 0 : 1];
+      q.jobs.push_back(std::move(job));
+      ++issued_;
+    }
+    work_.notify_all();
+    return TransferEvent(event);
+  }
+
+  void Wait(const TransferEvent& e, bool by_compute) {
+    auto* event = static_cast<SimEvent*>(e.impl());
+    if (event == nullptr) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool blocked = !event->done();
+    if (by_compute && keep_timeline_) {
+      CopyRecord* r = Record(event->id);
+      if (r != nullptr && r->waited_ns == 0) {
+        r->waited_ns = NowNs();
+        r->blocked = blocked;
+      }
+    }
+    finished_cv_.wait(lock, [&] { return event->done(); });
+  }
+
+  void WaitAll() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t target = issued_;
+    finished_cv_.wait(lock, [&] { return completed_ >= target; });
+  }
+
+  // `data` (`bytes` of it) goes once the copies queued or running that
+  // read or write it are done, at once if there are none.
+  void FreeAfter(c10::DataPtr data, size_t bytes) {
+    const char* begin = static_cast<const char*>(data.get());
+    const char* end = begin + bytes;
+    auto touches = [&](const Job& job) {
+      const char* s = static_cast<const char*>(job.source);
+      const char* t = static_cast<const char*>(job.target);
+      return (s < end && s + job.bytes > begin) || (t < end && t + job.bytes > begin);
+    };
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<SimEvent>> copies;
+    for (Queue& q : queues_) {
+      if (q.running != nullptr && touches(*q.running)) copies.push_back(q.running->done);
+      for (const Job& job : q.jobs) {
+        if (touches(job)) copies.push_back(job.done);
+      }
+    }
+    if (copies.empty()) return;  // `data` goes on return
+    releasing_bytes_ += bytes;
+    frees_.push_back({std::move(copies), std::move(data), bytes});
+  }
+
+  uint64_t releasing_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return releasing_bytes_;
+  }
+
+  void MarkCompute() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (keep_timeline_) compute_begins_.push_back(NowNs());
+  }
+
+  void KeepTimeline(bool keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep_timeline_ = keep;
+  }
+
+  DeviceTimeline timeline() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    DeviceTimeline t;
+    t.copies.assign(records_.begin(), records_.end());
+    t.compute_begins = compute_begins_;
+    return t;
+  }
+
+ private:
+  struct Job {
+    at::Tensor src, dst;  // kept allocated until the copy is done
+    const void* source = nullptr;
+    void* target = nullptr;
+    size_t bytes = 0;
+    std::shared_ptr<SimEvent> after, done;
+  };
+  struct Queue {
+    std::thread thread;
+    std::deque<Job> jobs;
+    const Job* running = nullptr;  // the copy under way
+  };
+  struct PendingFree {
+    std::vector<std::shared_ptr<SimEvent>> after;
+    c10::DataPtr data;
+    size_t bytes;
+  };
+
+  CopyRecord* Record(uint64_t id) {
+    if (records_.empty() || id < records_.front().id) return nullptr;
+    const uint64_t index = id - records_.front().id;
+    return index < records_.size() && records_[index].id == id ? &records_[index] : nullptr;
+  }
+
+  void Run(int direction) {
+    Queue& q = queues_[direction];
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_.wait(lock, [&] { return stopping_ || !q.jobs.empty(); });
+        if (q.jobs.empty()) return;  // stopping, and drained
+        job = std::move(q.jobs.front());
+        q.jobs.pop_front();
+        q.running = &job;
+        if (job.after != nullptr) finished_cv_.wait(lock, [&] { return job.after->done(); });
+        if (keep_timeline_) {
+          if (CopyRecord* r = Record(job.done->id)) r->started_ns = NowNs();
+        }
+      }
+      if (job.bytes > 0) std::memcpy(job.target, job.source, job.bytes);
+      std::vector<c10::DataPtr> to_free;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        q.running = nullptr;
+        job.done->finished.store(true, std::memory_order_release);
+        if (keep_timeline_) {
+          if (CopyRecord* r = Record(job.done->id)) r->finished_ns = NowNs();
+        }
+        for (auto it = frees_.begin(); it != frees_.end();) {
+          const bool ready = std::all_of(it->after.begin(), it->after.end(),
+                                         [](const std::shared_ptr<SimEvent>& e) { return e->done(); });
+          if (ready) {
+            to_free.push_back(std::move(it->data));
+            releasing_bytes_ -= it->bytes;
+            it = frees_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      finished_cv_.notify_all();  // compute waiting for this copy goes on
+      // The memory it held goes before SynchronizeTransfers returns.
+      job = Job();
+      to_free.clear();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++completed_;
+      }
+      finished_cv_.notify_all();
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable work_;
+  std::condition_variable finished_cv_;
+  Queue queues_[2];  // 0: to the device, 1: to the host
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  uint64_t issued_ = 0;
+  uint64_t completed_ = 0;
+  std::list<PendingFree> frees_;
+  uint64_t releasing_bytes_ = 0;
+  bool keep_timeline_ = false;
+  std::deque<CopyRecord> records_;
+  std::vector<int64_t> compute_begins_;
+};
 
 HostAllocationScope::HostAllocationScope() : previous_(t_host_scope) { t_host_scope = true; }
 HostAllocationScope::~HostAllocationScope() { t_host_scope = previous_; }
 
 SimulatedDevice::SimulatedDevice(uint64_t capacity_bytes)
-    : counters_(std::make_shared<SimulatedMemoryCounters>()) {
+    : counters_(std::make_shared<SimulatedMemoryCounters>()), engine_(std::make_unique<CopyEngine>()) {
   counters_->capacity_bytes = capacity_bytes;
   Allocator().Attach(counters_);
 }
 
-SimulatedDevice::~SimulatedDevice() { Allocator().Attach(nullptr); }
+SimulatedDevice::~SimulatedDevice() {
+  engine_.reset();  // every copy done, every deferred free made
+  Allocator().Attach(nullptr);
+}
 
 uint64_t SimulatedDevice::allocated_bytes() const { return counters_->device_bytes.load(); }
 uint64_t SimulatedDevice::peak_allocated_bytes() const { return counters_->device_peak_bytes.load(); }
@@ -229,12 +457,47 @@ at::Tensor SimulatedDevice::AllocateHost(int64_t numel, c10::ScalarType dtype) {
   return at::empty({numel}, at::TensorOptions().dtype(dtype));
 }
 
-void SimulatedDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device) {
-  device.copy_(host);
+namespace {
+
+void CheckCopy(const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_CHECK(src.scalar_type() == dst.scalar_type() && src.numel() == dst.numel() && src.is_contiguous() &&
+                  dst.is_contiguous(),
+              "a chunk copy needs two contiguous buffers of one type and size, got ", src.scalar_type(), " ",
+              src.sizes(), " and ", dst.scalar_type(), " ", dst.sizes());
 }
 
-void SimulatedDevice::CopyToHost(const at::Tensor& device, const at::Tensor& host) {
-  host.copy_(device);
+}  // namespace
+
+TransferEvent SimulatedDevice::CopyToDevice(const at::Tensor& host, const at::Tensor& device,
+                                            const TransferEvent& after) {
+  CheckCopy(host, device);
+  return engine_->Enqueue(/*to_device=*/true, host, device, after);
 }
+
+TransferEvent SimulatedDevice::CopyToHost(const at::Tensor& device, const at::Tensor& host,
+                                          const TransferEvent& after) {
+  CheckCopy(device, host);
+  return engine_->Enqueue(/*to_device=*/false, device, host, after);
+}
+
+void SimulatedDevice::ComputeWaitsFor(const TransferEvent& event) { engine_->Wait(event, /*by_compute=*/true); }
+
+void SimulatedDevice::SynchronizeTransfers() { engine_->WaitAll(); }
+
+void SimulatedDevice::ReleaseAfterTransfers(c10::DataPtr data) {
+  if (data.get() == nullptr) return;
+  // A device block (its header says how large); anything else (a
+  // placeholder) is touched by no copy.
+  const size_t bytes = data.get_deleter() == &FreeAllocation ? HeaderOf(data.get())->bytes : 0;
+  engine_->FreeAfter(std::move(data), bytes);
+}
+
+uint64_t SimulatedDevice::releasing_bytes() const { return engine_->releasing_bytes(); }
+
+void SimulatedDevice::ComputeBegins() { engine_->MarkCompute(); }
+
+void SimulatedDevice::KeepTimeline(bool keep) { engine_->KeepTimeline(keep); }
+
+DeviceTimeline SimulatedDevice::timeline() const { return engine_->timeline(); }
 
 }  // namespace ferry

@@ -4,8 +4,12 @@
 // allocation counts against the capacity (model data placed on the device,
 // activations, workspace) unless made inside a HostAllocationScope; going
 // over it throws c10::OutOfMemoryError, as a GPU would. Device and host
-// copies of a chunk are separate buffers and transfers are real copies;
-// released device copies point at inaccessible memory.
+// copies of a chunk are separate buffers; released device copies point at
+// inaccessible memory. Transfers are real copies made by a copy engine, as
+// a GPU's: a thread a direction, each running its queue in order beside
+// compute, with events that compute waits for; a released buffer is freed
+// only after the copies issued before its release. So prefetch overlaps
+// compute here, and a missing wait is a real race.
 //
 // It works by installing a counting CPU allocator in LibTorch (once per
 // process); at most one SimulatedDevice may exist at a time.
@@ -13,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "engine/memory/memory_device.h"
 
@@ -39,6 +44,27 @@ struct SimulatedMemoryCounters {
   uint64_t capacity_bytes = 0;
 };
 
+// A copy made by the simulated device's copy engine, in its timeline
+// (steady_clock nanoseconds).
+struct CopyRecord {
+  uint64_t id = 0;
+  bool to_device = false;
+  uint64_t bytes = 0;
+  int64_t enqueued_ns = 0, started_ns = 0, finished_ns = 0;
+  // When compute first waited for it (0: never), and whether compute had to
+  // block there because the copy was not done.
+  int64_t waited_ns = 0;
+  bool blocked = false;
+};
+
+struct DeviceTimeline {
+  std::vector<CopyRecord> copies;
+  // Each ComputeBegins() mark.
+  std::vector<int64_t> compute_begins;
+};
+
+class CopyEngine;
+
 class SimulatedDevice : public MemoryDevice {
  public:
   explicit SimulatedDevice(uint64_t capacity_bytes);
@@ -53,17 +79,26 @@ class SimulatedDevice : public MemoryDevice {
   c10::DataPtr AllocateDevice(size_t bytes) override;
   c10::DataPtr ReleasedPlaceholder(size_t bytes) override;
   at::Tensor AllocateHost(int64_t numel, c10::ScalarType dtype) override;
-  void CopyToDevice(const at::Tensor& host, const at::Tensor& device) override;
-  void CopyToHost(const at::Tensor& device, const at::Tensor& host) override;
-  void ComputeWaitsForTransfers() override {}
-  void SynchronizeTransfers() override {}
-  void RecordTransferUse(const c10::DataPtr&) override {}
+  TransferEvent CopyToDevice(const at::Tensor& host, const at::Tensor& device,
+                             const TransferEvent& after = TransferEvent()) override;
+  TransferEvent CopyToHost(const at::Tensor& device, const at::Tensor& host,
+                           const TransferEvent& after = TransferEvent()) override;
+  void ComputeWaitsFor(const TransferEvent& event) override;
+  void SynchronizeTransfers() override;
+  void ReleaseAfterTransfers(c10::DataPtr data) override;
+  uint64_t releasing_bytes() const override;
+  void ComputeBegins() override;
 
   // CPU tensor memory counted as host memory (host copies and host-side work).
   uint64_t host_allocated_bytes() const;
 
+  // Record the copy engine's timeline from now on (for tests), and read it.
+  void KeepTimeline(bool keep);
+  DeviceTimeline timeline() const;
+
  private:
   std::shared_ptr<SimulatedMemoryCounters> counters_;
+  std::unique_ptr<CopyEngine> engine_;
 };
 
 }  // namespace ferry

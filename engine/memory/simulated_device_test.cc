@@ -2,6 +2,8 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+
+#include <vector>
 #include <torch/torch.h>
 
 #include <optional>
@@ -122,16 +124,97 @@ TEST(SimulatedDeviceTest, TransfersAreRealCopiesBetweenSeparateBuffers) {
   host.copy_(torch::arange(16, torch::kFloat));
   c10::DataPtr data = device.AllocateDevice(16 * sizeof(float));
   torch::Tensor on_device = torch::from_blob(data.get(), {16}, torch::kFloat);
-  device.CopyToDevice(host, on_device);
+  device.ComputeWaitsFor(device.CopyToDevice(host, on_device));
   EXPECT_NE(on_device.data_ptr(), host.data_ptr());
   EXPECT_TRUE(torch::equal(on_device, host));
   host.zero_();
   EXPECT_EQ(on_device[5].item<float>(), 5.0f) << "changing one copy leaves the other";
   device.CopyToHost(on_device, host);
+  device.SynchronizeTransfers();
   EXPECT_EQ(host[5].item<float>(), 5.0f);
 }
 
+TEST(SimulatedDeviceTest, TheCopyEngineRunsEachDirectionInOrderAndSignalsEachCopy) {
+  SimulatedDevice device(64 * kMiB);
+  device.KeepTimeline(true);
+  constexpr int64_t kN = 1 << 20;  // 4 MiB a copy
+  torch::Tensor host = device.AllocateHost(kN, at::kFloat);
+  std::vector<c10::DataPtr> blocks;
+  std::vector<torch::Tensor> targets;
+  std::vector<TransferEvent> events;
+  for (int i = 0; i < 6; ++i) {
+    host.fill_(float(i));  // written before the copy is issued, as compute would
+    blocks.push_back(device.AllocateDevice(kN * sizeof(float)));
+    targets.push_back(torch::from_blob(blocks.back().get(), {kN}, torch::kFloat));
+    events.push_back(device.CopyToDevice(host.clone(), targets.back()));
+  }
+  for (int i = 0; i < 6; ++i) {
+    device.ComputeWaitsFor(events[size_t(i)]);
+    EXPECT_TRUE(events[size_t(i)].done());
+    EXPECT_EQ(targets[size_t(i)].min().item<float>(), float(i));
+    EXPECT_EQ(targets[size_t(i)].max().item<float>(), float(i));
+  }
+  const DeviceTimeline t = device.timeline();
+  ASSERT_EQ(t.copies.size(), 6u);
+  for (size_t i = 0; i < t.copies.size(); ++i) {
+    const CopyRecord& c = t.copies[i];
+    EXPECT_TRUE(c.to_device);
+    EXPECT_EQ(c.bytes, uint64_t(kN) * 4);
+    EXPECT_LE(c.enqueued_ns, c.started_ns);
+    EXPECT_LE(c.started_ns, c.finished_ns);
+    EXPECT_GT(c.waited_ns, 0) << "compute waited for it";
+    if (i > 0) EXPECT_GE(c.started_ns, t.copies[i - 1].finished_ns) << "one direction, in order";
+  }
+  EXPECT_TRUE(TransferEvent().done()) << "nothing to wait for";
+}
+
+TEST(SimulatedDeviceTest, ACopyBackWaitsForTheCopyOutItNamesAfter) {
+  SimulatedDevice device(64 * kMiB);
+  constexpr int64_t kN = 1 << 21;  // 8 MiB: a copy long enough to race
+  torch::Tensor host = device.AllocateHost(kN, at::kFloat);
+  c10::DataPtr a = device.AllocateDevice(kN * sizeof(float));
+  c10::DataPtr b = device.AllocateDevice(kN * sizeof(float));
+  torch::Tensor from = torch::from_blob(a.get(), {kN}, torch::kFloat);
+  torch::Tensor to = torch::from_blob(b.get(), {kN}, torch::kFloat);
+  for (int round = 1; round <= 20; ++round) {
+    from.fill_(float(round));
+    const TransferEvent out = device.CopyToHost(from, host);
+    // The other queue: without `after` it could read the host copy first.
+    device.ComputeWaitsFor(device.CopyToDevice(host, to, out));
+    ASSERT_EQ(to.min().item<float>(), float(round)) << "round " << round;
+    ASSERT_EQ(to.max().item<float>(), float(round)) << "round " << round;
+  }
+}
+
+TEST(SimulatedDeviceTest, AReleasedBlockIsFreedOnlyOnceItsCopiesAreDone) {
+  SimulatedDevice device(64 * kMiB);
+  constexpr int64_t kN = 1 << 21;
+  torch::Tensor host = device.AllocateHost(kN, at::kFloat);
+  const uint64_t before = device.allocated_bytes();
+  c10::DataPtr block = device.AllocateDevice(kN * sizeof(float));
+  torch::Tensor on_device = torch::from_blob(block.get(), {kN}, torch::kFloat);
+  on_device.fill_(7);
+  device.CopyToHost(on_device, host);
+  EXPECT_EQ(device.allocated_bytes(), before + uint64_t(kN) * 4);
+  // Given back while its copy may run: counted until the copy is done
+  // (freed early, the copy would read freed memory: ASan's catch).
+  device.ReleaseAfterTransfers(std::move(block));
+  EXPECT_TRUE(device.releasing_bytes() == uint64_t(kN) * 4 || device.allocated_bytes() == before);
+  device.SynchronizeTransfers();
+  EXPECT_EQ(device.releasing_bytes(), 0u);
+  EXPECT_EQ(device.allocated_bytes(), before);
+  EXPECT_EQ(host.min().item<float>(), 7.0f);
+  EXPECT_EQ(host.max().item<float>(), 7.0f);
+  // A block no copy touches goes at once.
+  c10::DataPtr idle = device.AllocateDevice(kN * sizeof(float));
+  device.ReleaseAfterTransfers(std::move(idle));
+  EXPECT_EQ(device.allocated_bytes(), before);
+}
+
 TEST(SimulatedDeviceTest, AReleasedPlaceholderFaultsWhenTouched) {
+  // The device runs copy threads: the death test re-executes the binary
+  // rather than forking them.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   SimulatedDevice device(kMiB);
   c10::DataPtr placeholder = device.ReleasedPlaceholder(4096);
   ASSERT_NE(placeholder.get(), nullptr);

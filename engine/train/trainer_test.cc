@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -320,6 +321,42 @@ TEST(TrainerTest, OffloadedTrainingIsTheSameTrainingBitForBit) {
 
 // The seed's claim: a budget where the static (ZeRO-Offload) placement runs
 // out of device memory and auto completes, with the unconstrained losses.
+// The simulated device's copy engine runs beside compute: a chunk fetched
+// ahead of its period is copied while the period before it computes. From
+// the engine's timeline: some copy to the device, issued before a period's
+// compute began, was still running after it began and had started before
+// the next period's.
+TEST(TrainerTest, PrefetchedChunksAreCopiedWhileComputeRuns) {
+  auto ample = Train(SixLayers(), Small(6), kAmple, MemoryOptions());
+  ASSERT_TRUE(ample->status.ok()) << ample->status;
+  const uint64_t streamed = PlannedNeed(ample->observer.placement, false);
+  SimulatedDevice device(streamed * 3 / 2);
+  device.KeepTimeline(true);
+  EngineOptions engine;
+  engine.device = &device;
+  engine.memory = MemoryOptions();
+  RecordingObserver observer;
+  const absl::Status status = Trainer(SixLayers(), Small(6), engine, Chain(1), &observer).Run();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(observer.Losses(), ample->observer.Losses());
+  int64_t hits = 0;
+  for (const StepReport& r : observer.reports) hits += r.memory_stats.prefetch_hits;
+  EXPECT_GT(hits, 0) << "the plan prefetches";
+  const DeviceTimeline t = device.timeline();
+  ASSERT_GT(t.compute_begins.size(), 10u);
+  int overlapped = 0, copies = 0;
+  for (const CopyRecord& c : t.copies) {
+    if (!c.to_device) continue;
+    ++copies;
+    auto begin = std::upper_bound(t.compute_begins.begin(), t.compute_begins.end(), c.enqueued_ns);
+    if (begin == t.compute_begins.end() || begin + 1 == t.compute_begins.end()) continue;
+    if (c.finished_ns > *begin && c.started_ns < *(begin + 1)) ++overlapped;
+  }
+  std::printf("%d copies to the device, %d of them running while a period computed; %lld prefetch hits\n", copies,
+              overlapped, static_cast<long long>(hits));
+  EXPECT_GT(overlapped, 0);
+}
+
 TEST(TrainerTest, AutoCompletesWhereStaticRunsOutOfMemory) {
   auto ample = Train(SixLayers(), Small(6), kAmple, MemoryOptions());
   ASSERT_TRUE(ample->status.ok()) << ample->status;
