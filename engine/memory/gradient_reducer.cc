@@ -37,53 +37,70 @@ void GradientReducer::Finish() {
   Complete(chunk);
 }
 
+namespace {
+
+// The squared L2 norm of `t`; an overflow shows as inf or NaN. On the CPU,
+// one fused pass in fp64 over the values as they are.
+double CpuSquaredNormOf(const at::Tensor& t) {
+  static const SimdPath path = BestSimdPath();
+  const at::Tensor c = t.contiguous();
+  const LowType type = c.scalar_type() == at::kBFloat16 ? LowType::kBFloat16
+                       : c.scalar_type() == at::kHalf   ? LowType::kFloat16
+                                                        : LowType::kFloat32;
+  TORCH_CHECK(type != LowType::kFloat32 || c.scalar_type() == at::kFloat, "gradients of type ", c.scalar_type());
+  return CpuSquaredNorm(c.data_ptr(), type, c.numel(), path);
+}
+
+// The same on another device, as a 0-d fp64 tensor there: no host sync. In
+// fp32 whatever the gradients' type, reduced-precision gradients widened a
+// piece at a time: a norm in fp32 of the whole chunk would first copy it
+// whole to fp32 (a 2-byte chunk's size twice over, on the device).
+at::Tensor DeviceSquaredNormOf(const at::Tensor& t) {
+  constexpr int64_t kPiece = int64_t{1} << 22;
+  at::Tensor sum = at::zeros({}, t.options().dtype(at::kDouble));
+  for (int64_t i = 0; i < t.numel(); i += kPiece) {
+    const at::Tensor piece = t.narrow(0, i, std::min(kPiece, t.numel() - i));
+    sum.add_(at::linalg_vector_norm(piece, 2, c10::nullopt, false, at::kFloat).to(at::kDouble).square());
+  }
+  return sum;
+}
+
+}  // namespace
+
 void GradientReducer::Complete(Chunk& chunk) {
   Payload& g = chunk.payload(PayloadKind::kGrad);
   at::Tensor grads = g.device.narrow(0, 0, chunk.used);
-  // An overflow shows as inf or NaN. On the CPU, one fused pass in fp64
-  // over the values as they are. Elsewhere in fp32 whatever the gradients'
-  // type, reduced-precision gradients widened a piece at a time: a norm in
-  // fp32 of the whole chunk would first copy it whole to fp32 (a 2-byte
-  // chunk's size twice over, on the device).
-  auto sq_norm = [](const at::Tensor& t) {
-    if (t.device().is_cpu() && t.is_contiguous()) {
-      static const SimdPath path = BestSimdPath();
-      const LowType type = t.scalar_type() == at::kBFloat16 ? LowType::kBFloat16
-                           : t.scalar_type() == at::kHalf   ? LowType::kFloat16
-                                                            : LowType::kFloat32;
-      TORCH_CHECK(type != LowType::kFloat32 || t.scalar_type() == at::kFloat, "gradients of type ", t.scalar_type());
-      return CpuSquaredNorm(t.data_ptr(), type, t.numel(), path);
-    }
-    if (t.scalar_type() == at::kFloat) {
-      const double n = at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat).item<double>();
-      return n * n;
-    }
-    constexpr int64_t kPiece = int64_t{1} << 22;
-    at::Tensor sum = at::zeros({}, t.options().dtype(at::kDouble));
-    for (int64_t i = 0; i < t.numel(); i += kPiece) {
-      const at::Tensor piece = t.narrow(0, i, std::min(kPiece, t.numel() - i));
-      sum.add_(at::linalg_vector_norm(piece, 2, c10::nullopt, false, at::kFloat).to(at::kDouble).square());
-    }
-    return sum.item<double>();
-  };
-  double sq = sq_norm(grads);
+  // Replicated tensors (tensor parallelism) count 1/T on each rank, so that
+  // the sum over the tensor group counts them once.
   const int tensor_ranks = tensor_ != nullptr ? tensor_->size() : 1;
-  if (tensor_ranks > 1) {
-    // Summed over the tensor group later: a replicated tensor's share is
-    // 1/T on each rank, so that it counts once.
-    double replicated = 0;
+  const double replicated_share = 1.0 - 1.0 / tensor_ranks;
+  if (grads.device().is_cpu()) {
+    double sq = CpuSquaredNormOf(grads);
     for (int i : chunk.tensors) {
       const ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
-      if (t.replicated) replicated += sq_norm(grads.narrow(0, t.offset, t.numel));
+      if (tensor_ranks > 1 && t.replicated) sq -= replicated_share * CpuSquaredNormOf(grads.narrow(0, t.offset, t.numel));
     }
-    sq -= (1.0 - 1.0 / tensor_ranks) * replicated;
+    sq_sum_ += sq;
+  } else {
+    // Summed on the device; the host reads it once a step (SquaredNorm).
+    at::Tensor sq = DeviceSquaredNormOf(grads);
+    for (int i : chunk.tensors) {
+      const ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
+      if (tensor_ranks > 1 && t.replicated) {
+        sq.sub_(DeviceSquaredNormOf(grads.narrow(0, t.offset, t.numel)).mul_(replicated_share));
+      }
+    }
+    device_sq_sum_ = device_sq_sum_.defined() ? device_sq_sum_.add_(sq) : sq;
   }
-  sq_sum_ += sq;
   // The optimizer states are on the host side: so go the gradients.
   if (!chunk.device_homed()) mover_->Evict(g, /*keep_values=*/true);
 }
 
 double GradientReducer::SquaredNorm() {
+  if (device_sq_sum_.defined()) {
+    sq_sum_ += device_sq_sum_.item<double>();  // the step's one host sync for it
+    device_sq_sum_ = at::Tensor();
+  }
   if (tensor_ != nullptr && tensor_->size() > 1) {
     at::Tensor sum = at::full({1}, sq_sum_, at::kDouble);
     tensor_->AllReduce(sum);

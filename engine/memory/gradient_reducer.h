@@ -7,6 +7,8 @@
 //
 // Not thread-safe: one training loop drives it.
 
+#include <ATen/Tensor.h>
+
 #include <memory>
 
 #include "engine/memory/chunk_table.h"
@@ -22,7 +24,10 @@ class GradientReducer {
       : table_(table), mover_(mover), tensor_(tensor_group), data_(data_group) {}
 
   // A new step: no gradient reduced yet.
-  void BeginStep() { sq_sum_ = 0; }
+  void BeginStep() {
+    sq_sum_ = 0;
+    device_sq_sum_ = at::Tensor();
+  }
   // The chunk's gradients are complete.
   void Reduce(Chunk& chunk);
   // Waits for the all-reduce in flight, if any, and completes its chunk.
@@ -40,6 +45,8 @@ class GradientReducer {
   Communicator* tensor_;
   Communicator* data_;
   double sq_sum_ = 0;
+  // Off the CPU: the squared norms so far, on the device.
+  at::Tensor device_sq_sum_;
   // The chunk whose data-parallel all-reduce is in flight.
   Chunk* pending_chunk_ = nullptr;
   std::unique_ptr<PendingCollective> pending_;
