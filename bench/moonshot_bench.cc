@@ -223,12 +223,12 @@ int Run() {
     losses.push_back(r[i].loss);
     host_peak = std::max(host_peak, r[i].memory_stats.peak_host_model_bytes);
     if (i == 0) continue;  // the warm-up
-    const StepReport::Times& t = r[i].times;
+    const StepSplit split = SplitOf(r[i]);
     seconds.push_back(r[i].step_seconds);
-    compute.push_back(std::max(0.0, t.forward + t.backward - r[i].memory_stats.transfer_seconds));
-    optimizer.push_back(std::max(0.0, t.optimizer - t.disk));
-    disk.push_back(t.disk);
-    transfer.push_back(r[i].memory_stats.transfer_seconds);
+    compute.push_back(split.compute);
+    optimizer.push_back(split.optimizer);
+    disk.push_back(split.exposed_disk);
+    transfer.push_back(split.exposed_transfer);
     read = r[i].memory_stats.disk_to_host_bytes;
     written = r[i].memory_stats.host_to_disk_bytes;
   }

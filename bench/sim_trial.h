@@ -47,6 +47,23 @@ inline double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Where a step's time went: computing (the forward and backward, less the
+// chunk copies made in them), the update less its wait for the disk, the
+// wait for the disk, and the chunk copies that held compute up.
+struct StepSplit {
+  double compute = 0, optimizer = 0, exposed_disk = 0, exposed_transfer = 0;
+};
+
+inline StepSplit SplitOf(const StepReport& r) {
+  const StepReport::Times& t = r.times;
+  StepSplit s;
+  s.compute = std::max(0.0, t.forward + t.backward - r.memory_stats.transfer_seconds);
+  s.optimizer = std::max(0.0, t.optimizer - t.disk);
+  s.exposed_disk = t.disk;
+  s.exposed_transfer = r.memory_stats.transfer_seconds;
+  return s;
+}
+
 // `steps` steps of batch `batch` on synthetic data, AdamW with a short
 // warm-up; `memory` unset runs the plain LibTorch loop (fp32 only: mixed
 // precision needs the chunked engine).
