@@ -12,13 +12,6 @@
 #include "engine/optim/flat_adamw.h"
 
 namespace ferry {
-namespace {
-
-LowType LowTypeOf(c10::ScalarType t) {
-  return t == at::kHalf ? LowType::kFloat16 : t == at::kBFloat16 ? LowType::kBFloat16 : LowType::kFloat32;
-}
-
-}  // namespace
 
 ChunkOptimizer::ChunkOptimizer(MemoryDevice* device, PayloadStore* store, ChunkTable* table, PayloadMover* mover,
                                const OptimizerOptions& options)

@@ -25,6 +25,11 @@
 
 namespace ferry {
 
+// The CPU kernels' name for a payload's element type.
+inline LowType LowTypeOf(c10::ScalarType t) {
+  return t == at::kHalf ? LowType::kFloat16 : t == at::kBFloat16 ? LowType::kBFloat16 : LowType::kFloat32;
+}
+
 constexpr int kPayloadKinds = 3;
 
 // A model parameter handed to the manager.

@@ -44,9 +44,7 @@ namespace {
 double CpuSquaredNormOf(const at::Tensor& t) {
   static const SimdPath path = BestSimdPath();
   const at::Tensor c = t.contiguous();
-  const LowType type = c.scalar_type() == at::kBFloat16 ? LowType::kBFloat16
-                       : c.scalar_type() == at::kHalf   ? LowType::kFloat16
-                                                        : LowType::kFloat32;
+  const LowType type = LowTypeOf(c.scalar_type());
   TORCH_CHECK(type != LowType::kFloat32 || c.scalar_type() == at::kFloat, "gradients of type ", c.scalar_type());
   return CpuSquaredNorm(c.data_ptr(), type, c.numel(), path);
 }
