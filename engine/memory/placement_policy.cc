@@ -12,6 +12,10 @@ namespace {
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20)); }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 PlacementPolicy::PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
@@ -56,11 +60,7 @@ void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Pay
   // the copies finish first. The warm-up and static placement, which
   // predict nothing, always wait.
   const uint64_t releasing = device_->releasing_bytes();
-  if (releasing > 0 && (!adaptive() || in_use + double(bytes) + double(releasing) > limit)) {
-    const auto start = std::chrono::steady_clock::now();
-    device_->SynchronizeTransfers();
-    stats_->transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  if (releasing > 0 && (!adaptive() || in_use + double(bytes) + double(releasing) > limit)) WaitForReleases();
   if (!adaptive()) return;
   if (in_use + double(bytes) <= limit) return;
   const uint64_t short_by = static_cast<uint64_t>(in_use + double(bytes) - limit);
@@ -79,21 +79,21 @@ void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Pay
       handles.push_back(&p);
     }
   }
-  bool written = false;
   for (int victim : ChooseVictims(std::move(candidates), short_by)) {
     Payload& p = *handles[static_cast<size_t>(victim)];
-    written = written || (p.resident && p.device_valid && !p.host_valid && table_->Preserve(p));
     mover_->Evict(p, table_->Preserve(p));
     ++stats_->evictions;
     tracer_->CountEviction(period);
   }
   // An evicted payload's device memory is free once its copy home is done:
   // the room is made when they are.
-  if (written) {
-    const auto start = std::chrono::steady_clock::now();
-    device_->SynchronizeTransfers();
-    stats_->transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  if (device_->releasing_bytes() > 0) WaitForReleases();
+}
+
+void PlacementPolicy::WaitForReleases() {
+  const auto start = std::chrono::steady_clock::now();
+  device_->SynchronizeTransfers();
+  stats_->transfer_seconds += SecondsSince(start);
 }
 
 void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
@@ -110,7 +110,7 @@ void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
   const bool waits = std::any_of(needed.begin(), needed.end(), [](const Payload* p) { return !p->device_filled.done(); });
   const auto start = std::chrono::steady_clock::now();
   for (Payload* p : needed) device_->ComputeWaitsFor(p->device_filled);
-  if (waits) stats_->transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (waits) stats_->transfer_seconds += SecondsSince(start);
   Prefetch(period);
   device_->ComputeBegins();
 }

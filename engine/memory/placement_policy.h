@@ -62,6 +62,9 @@ class PlacementPolicy {
 
  private:
   void MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep);
+  // Waits until device memory given back during copies is free, counting
+  // the wait as exposed transfer.
+  void WaitForReleases();
   void Prefetch(int period);
   Plan PlanFor(const PlanInput& in) const;
   void Apply();

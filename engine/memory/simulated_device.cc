@@ -260,12 +260,13 @@ class CopyEngine {
     return TransferEvent(event);
   }
 
-  void Wait(const TransferEvent& e, bool by_compute) {
+  // Compute waits for `e`: recorded in the timeline.
+  void ComputeWaits(const TransferEvent& e) {
     auto* event = static_cast<SimEvent*>(e.impl());
     if (event == nullptr) return;
     std::unique_lock<std::mutex> lock(mu_);
     const bool blocked = !event->done();
-    if (by_compute && keep_timeline_) {
+    if (keep_timeline_) {
       CopyRecord* r = Record(event->id);
       if (r != nullptr && r->waited_ns == 0) {
         r->waited_ns = NowNs();
@@ -480,7 +481,7 @@ TransferEvent SimulatedDevice::CopyToHost(const at::Tensor& device, const at::Te
   return engine_->Enqueue(/*to_device=*/false, device, host, after);
 }
 
-void SimulatedDevice::ComputeWaitsFor(const TransferEvent& event) { engine_->Wait(event, /*by_compute=*/true); }
+void SimulatedDevice::ComputeWaitsFor(const TransferEvent& event) { engine_->ComputeWaits(event); }
 
 void SimulatedDevice::SynchronizeTransfers() { engine_->WaitAll(); }
 
