@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace ferry {
 
@@ -19,6 +20,17 @@ inline std::string JsonString(const std::string& s) {
     e += ch == '\n' ? ' ' : ch;
   }
   return e + "\"";
+}
+
+// `v` as a JSON list of numbers (6 significant digits).
+inline std::string JsonList(const std::vector<double>& v) {
+  std::string out = "[";
+  char number[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(number, sizeof number, "%.6g", v[i]);
+    out += (i == 0 ? "" : ", ") + std::string(number);
+  }
+  return out + "]";
 }
 
 // Writes `json` and says where; returns the process exit code.

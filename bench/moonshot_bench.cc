@@ -92,12 +92,6 @@ std::unique_ptr<TokenSource> Data(const GptConfig& model) {
   return std::make_unique<SyntheticSource>(std::min<int64_t>(model.vocab_size, 1024), 2, 1, 1);
 }
 
-std::string JsonList(const std::vector<double>& v) {
-  return absl::StrCat("[", absl::StrJoin(v, ", ", [](std::string* out, double x) {
-                        absl::StrAppend(out, absl::StrFormat("%.6g", x));
-                      }), "]");
-}
-
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   GptConfig model;

@@ -121,12 +121,6 @@ Result RunJob(const Job& job, double gemm_fp32, double gemm_bf16) {
   return result;
 }
 
-std::string JsonList(const std::vector<double>& v) {
-  return absl::StrCat("[", absl::StrJoin(v, ", ", [](std::string* out, double x) {
-                        absl::StrAppend(out, absl::StrFormat("%.6g", x));
-                      }), "]");
-}
-
 const char* MatmulName(const Job& job) {
   if (job.precision != TrainOptions::Precision::kBf16) return "fp32";
   switch (job.bf16_matmul) {
