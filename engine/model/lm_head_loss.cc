@@ -16,17 +16,22 @@ at::Tensor AsComputed(const at::Tensor& fp32, c10::ScalarType type) {
   return type == at::kFloat ? fp32 : fp32.to(type).to(at::kFloat);
 }
 
-// a @ b^T as fp32 values of the model's type: computed in fp32 from a and
-// b's values, or natively in their type.
-at::Tensor Product(const at::Tensor& a, const at::Tensor& b_rows, bool native) {
+// An operand of the head's products: fp32 values, or natively the model's
+// type.
+at::Tensor Operand(const at::Tensor& t, bool native) { return native ? t : t.to(at::kFloat); }
+
+// a @ b^T of two operands, as fp32 values of the model's `type`.
+at::Tensor Product(const at::Tensor& a, const at::Tensor& b_rows, c10::ScalarType type, bool native) {
   if (native) return at::matmul(a, b_rows.t()).to(at::kFloat);
-  return AsComputed(at::matmul(a.to(at::kFloat), b_rows.to(at::kFloat).t()), a.scalar_type());
+  return AsComputed(at::matmul(a, b_rows.t()), type);
 }
 
 struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& targets, int64_t slice_rows, bool native) {
     native = native && x.scalar_type() != at::kFloat;
+    const c10::ScalarType type = x.scalar_type();
+    const at::Tensor xc = Operand(x, native);
     const int64_t rows = x.size(0), vocab = weight.size(0);
     // The log-sum-exp is kept in fp64: rescaling the running sum at each
     // slice would otherwise add its rounding to every softmax value.
@@ -36,7 +41,7 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     at::Tensor target_logit = at::zeros({rows}, fp32);
     for (int64_t v0 = 0; v0 < vocab; v0 += slice_rows) {
       const int64_t n = std::min(slice_rows, vocab - v0);
-      const at::Tensor logits = Product(x, weight.narrow(0, v0, n), native);
+      const at::Tensor logits = Product(xc, Operand(weight.narrow(0, v0, n), native), type, native);
       const at::Tensor wide = logits.to(at::kDouble);
       const at::Tensor new_max = at::maximum(running_max, std::get<0>(wide.max(1)));
       running_sum = running_sum * at::exp(running_max - new_max) + at::exp(wide - new_max.unsqueeze(1)).sum(1);
@@ -63,8 +68,7 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     const int64_t slice_rows = ctx->saved_data["slice_rows"].toInt();
     const bool native = ctx->saved_data["native"].toBool();
     const c10::ScalarType type = x.scalar_type();
-    // The operands of the gradients' products: fp32 copies, or x itself.
-    const at::Tensor xc = native ? x : x.to(at::kFloat);
+    const at::Tensor xc = Operand(x, native);
     const int64_t rows = x.size(0), vocab = weight.size(0);
     // d(mean)/d(logit) = (softmax - onehot) / rows, times the incoming grad.
     const at::Tensor scale = grads[0].to(at::kFloat) / double(rows);
@@ -78,8 +82,8 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     at::Tensor grad_w = in_place ? param.grad() : at::zeros_like(weight);
     for (int64_t v0 = 0; v0 < vocab; v0 += slice_rows) {
       const int64_t n = std::min(slice_rows, vocab - v0);
-      const at::Tensor w = native ? weight.narrow(0, v0, n) : weight.narrow(0, v0, n).to(at::kFloat);
-      const at::Tensor logits = Product(x, weight.narrow(0, v0, n), native);
+      const at::Tensor w = Operand(weight.narrow(0, v0, n), native);
+      const at::Tensor logits = Product(xc, w, type, native);
       at::Tensor g = at::exp(logits - lse.unsqueeze(1));
       const at::Tensor in_slice = targets.ge(v0).logical_and(targets.lt(v0 + n));
       const at::Tensor local = (targets - v0).clamp(0, n - 1).unsqueeze(1);
