@@ -30,11 +30,11 @@ step() {
 step "ASan+UBSan: server and engine unit tests" \
   bazel test --config=asan --cache_test_results=no --test_tag_filters=-no_asan \
   //server/... //engine/... "$@"
-step "TSan: event buffer, job registry, job store, disk store, memory manager" \
+step "TSan: event buffer, job registry, job store, disk store, memory manager, host worker" \
   bazel test --config=tsan --cache_test_results=no \
   //server/jobs:event_buffer_test //server/jobs:job_registry_test //server/jobs:job_store_test \
   //engine/memory:disk_store_test //engine/memory:simulated_device_test //engine/memory:payload_store_test \
-  //engine/memory:chunk_manager_test "$@"
+  //engine/memory:chunk_manager_test //engine/memory:host_worker_test "$@"
 step "fuzzers, ${FUZZ_SECONDS:-30} s each" tools/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 if [ ${#failed[@]} -gt 0 ]; then

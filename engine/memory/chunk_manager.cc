@@ -323,6 +323,7 @@ OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_
   const int period = table_.OptimizerPeriod();
   BeginPeriod(period);
   const OptimizerResult result = optimizer_.Step(step, lr, max_grad_norm, loss_scale, reducer_.SquaredNorm());
+  stats_.overlapped_updates = result.overlapped_updates;
   for (ManagedTensor& t : table_.tensors) t.state = Transition(t.name, t.state, TensorState::kHold);
   EndPeriod(period);
   return result;
@@ -440,9 +441,15 @@ PlacementReport ChunkManager::Placement() const {
   return r;
 }
 
-std::vector<at::Tensor> ChunkManager::ParameterValues() const { return values_.Masters(); }
+std::vector<at::Tensor> ChunkManager::ParameterValues() const {
+  optimizer_.WaitForUpdates();
+  return values_.Masters();
+}
 
-absl::Status ChunkManager::SaveState(const StateSink& sink) const { return values_.Save(sink); }
+absl::Status ChunkManager::SaveState(const StateSink& sink) const {
+  optimizer_.WaitForUpdates();
+  return values_.Save(sink);
+}
 
 uint64_t ChunkManager::StateBytes() const { return values_.StateBytes(); }
 
@@ -453,6 +460,7 @@ bool ChunkManager::StateSnapshotFits() const {
 }
 
 absl::Status ChunkManager::RestoreState(uint64_t size, const StateSource& source) {
+  optimizer_.WaitForUpdates();
   return values_.Restore(size, source);
 }
 

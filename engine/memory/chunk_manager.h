@@ -115,7 +115,9 @@ class ChunkManager {
   // no clipping) and runs AdamW on every chunk where its optimizer states
   // live; `step` is the 1-based count of applied updates (bias correction).
   // If any gradient is inf or NaN the step is skipped: no weight or state
-  // changes.
+  // changes. With OptimizerOptions::overlap, the chunks updated on the host
+  // are updated beside what follows, each before the next step touches it;
+  // ParameterValues, SaveState and RestoreState wait for them all.
   OptimizerResult OptimizerStep(int64_t step, double lr, double max_grad_norm, double loss_scale = 1.0);
   StepMemoryStats EndStep();
 

@@ -96,6 +96,8 @@ struct RunShape {
   int64_t chunk_elements = 1100;
   c10::ScalarType dtype = at::kFloat;
   double clip = 0.0;
+  // Host-side updates beside the next step (OptimizerOptions::overlap).
+  bool overlap = false;
   // Called between steps (after EndStep of `step`).
   std::function<void(int step, const PlacementReport&)> between;
 };
@@ -114,6 +116,7 @@ RunResult Train(uint64_t capacity, MemoryOptions options, int steps, const RunSh
   options.chunk_elements = shape.chunk_elements;
   OptimizerOptions optimizer;
   optimizer.param_dtype = shape.dtype;
+  optimizer.overlap = shape.overlap;
   auto manager = ChunkManager::Create(&device, model.Params(), model.AllStages(), options, optimizer);
   EXPECT_TRUE(manager.ok()) << manager.status();
   RunResult result;
@@ -457,6 +460,49 @@ TEST(ChunkManagerTest, AnOverflowedGradientSkipsTheUpdateEverywhere) {
     // The next step updates again.
     EXPECT_FALSE(step(3, false).skipped);
     EXPECT_FALSE(torch::equal((*manager)->ParameterValues()[2], before[2]));
+  }
+}
+
+// Overlapped, the host-side updates run on the worker while the next step's
+// forward goes on: the same kernel on the same values, with the clipping
+// coefficient fixed from the complete norm before the first of them starts.
+// Under static every update is on the host; auto on a tight device mixes
+// host- and device-side updates with prefetch; from disk the staged updates
+// stay in the step. Reading the values after the last step waits for them.
+TEST(ChunkManagerTest, OverlappedUpdatesAreTheSynchronousOnesBitForBit) {
+  for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16})
+  for (int placement = 0; placement < 3; ++placement) {
+    SCOPED_TRACE(absl::StrCat(c10::toString(dtype), " ", placement == 0 ? "static" : placement == 1 ? "auto, tight" : "static, from disk"));
+    MemoryOptions options;
+    uint64_t capacity = kAmple;
+    if (placement == 0) options.policy = MemoryOptions::Policy::kStatic;
+    if (placement == 1) capacity = TightCapacity() * (dtype == at::kFloat ? 1 : 2);
+    if (placement == 2) {
+      options = OnDisk(TestDir(absl::StrCat("overlap", c10::toString(dtype))));
+      options.policy = MemoryOptions::Policy::kStatic;
+    }
+    RunShape shape = placement == 2 ? Wide(dtype) : RunShape();
+    shape.dtype = dtype;
+    shape.clip = 0.05;  // below the gradients' norm: every update clips
+    RunResult runs[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      shape.overlap = overlap == 1;
+      runs[overlap] = Train(capacity, options, 6, shape);
+    }
+    const RunResult& sync = runs[0];
+    const RunResult& overlapped = runs[1];
+    ASSERT_EQ(overlapped.losses.size(), sync.losses.size());
+    for (size_t i = 0; i < sync.losses.size(); ++i) EXPECT_EQ(overlapped.losses[i], sync.losses[i]) << "step " << i + 1;
+    ASSERT_EQ(overlapped.values.size(), sync.values.size());
+    for (size_t i = 0; i < sync.values.size(); ++i) EXPECT_TRUE(torch::equal(overlapped.values[i], sync.values[i])) << i;
+    int left_running = 0;
+    for (size_t s = 0; s < sync.stats.size(); ++s) {
+      EXPECT_EQ(sync.stats[s].overlapped_updates, 0) << "step " << s + 1;
+      left_running += overlapped.stats[s].overlapped_updates;
+    }
+    if (placement < 2) {
+      EXPECT_GT(left_running, 0);
+    }
   }
 }
 

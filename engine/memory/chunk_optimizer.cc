@@ -15,7 +15,15 @@ namespace ferry {
 
 ChunkOptimizer::ChunkOptimizer(MemoryDevice* device, PayloadStore* store, ChunkTable* table, PayloadMover* mover,
                                const OptimizerOptions& options)
-    : device_(device), store_(store), table_(table), mover_(mover), options_(options), simd_(BestSimdPath()) {}
+    : device_(device), store_(store), table_(table), mover_(mover), options_(options), simd_(BestSimdPath()) {
+  if (options_.overlap) worker_ = std::make_unique<HostWorker>();
+}
+
+void ChunkOptimizer::WaitForUpdates() const {
+  for (const Chunk& chunk : table_->chunks) {
+    if (chunk.update != nullptr) chunk.update->Wait();
+  }
+}
 
 void ChunkOptimizer::Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const {
   // The decay ranges as offsets in this part of the chunk (the kernel
@@ -41,6 +49,43 @@ void ChunkOptimizer::UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper) {
   }
   b.numel = chunk.used;
   Kernel(chunk, 0, b, hyper);
+}
+
+void ChunkOptimizer::UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper) {
+  Payload& p = chunk.payload(PayloadKind::kParam);
+  Payload& g = chunk.payload(PayloadKind::kGrad);
+  Payload& o = chunk.payload(PayloadKind::kOptimizer);
+  if (!p.host_valid || !g.host_valid) {
+    throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
+  }
+  mover_->AwaitUpdate(chunk);  // the last step's: done, its forward waited for it
+  store_->EnsureHost(o);
+  if (!chunk.optimizer_initialized) {
+    HostAllocationScope host;
+    o.host.zero_();
+  }
+  CpuAdamBuffers b;
+  b.exp_avg = o.host.data_ptr<float>();
+  b.exp_avg_sq = b.exp_avg + chunk.capacity;
+  b.master = mixed() ? b.exp_avg + 2 * chunk.capacity : p.host.data_ptr<float>();
+  b.grad = g.host.data_ptr();
+  b.grad_type = LowTypeOf(g.dtype);
+  if (mixed()) {
+    b.copy = p.host.data_ptr();
+    b.copy_type = LowTypeOf(p.dtype);
+  }
+  b.numel = chunk.used;
+  // The task holds only raw buffers and values: the payloads' bookkeeping
+  // stays with the training thread, done here as of after the update.
+  chunk.update = worker_->Submit(
+      [b, decay = chunk.decay, hyper, simd = simd_] { CpuAdamWStep(b, decay, hyper, simd); });
+  o.host_valid = true;
+  g.host_valid = false;
+  g.disk_valid = false;
+  p.device_valid = false;
+  // A pinned chunk keeps its device buffer, refreshed when next needed.
+  if (!p.pinned) store_->Release(p);
+  chunk.optimizer_initialized = true;
 }
 
 void ChunkOptimizer::UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper) {
@@ -126,7 +171,12 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     const Payload& o = chunk.payload(PayloadKind::kOptimizer);
     const int64_t slice = o.home == Tier::kDisk ? o.slice_elements : g.home == Tier::kDisk ? g.slice_elements : 0;
     if (slice == 0) {
-      units.push_back({&chunk, 0, chunk.used, -1});
+      if (worker_ != nullptr) {
+        UpdateOnHostBeside(chunk, hyper);
+        ++result.overlapped_updates;
+      } else {
+        units.push_back({&chunk, 0, chunk.used, -1});
+      }
       continue;
     }
     for (int64_t begin = 0; begin < chunk.used; begin += slice) {

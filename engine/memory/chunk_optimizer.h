@@ -6,12 +6,24 @@
 // slice at a time through the staging slots, as a pipeline: while slice k is
 // updated, the next slices are being read and slice k-1 written.
 //
-// Not thread-safe: one training loop drives it (the CPU kernel and the disk
-// store use threads of their own).
+// Overlapped (OptimizerOptions::overlap), the chunks updated on the host
+// with their states in host memory are updated by a worker thread, in
+// forward order, while the training loop goes on into the next step's
+// forward: each chunk's update is a task (Chunk::update) that the forward
+// waits for only when it reaches that chunk. Everything the update decides
+// -- the unscaling, the clipping coefficient from the global norm, whether
+// an overflow skips the step -- is fixed before the first task starts, and
+// each task runs the same kernel on the same values as the synchronous
+// update, so the weights are bitwise the same.
+//
+// Not thread-safe: one training loop drives it (the CPU kernel, the worker
+// and the disk store use threads of their own).
 
 #include <cstdint>
+#include <memory>
 
 #include "engine/memory/chunk_table.h"
+#include "engine/memory/host_worker.h"
 #include "engine/memory/memory_device.h"
 #include "engine/memory/payload_mover.h"
 #include "engine/memory/payload_store.h"
@@ -29,6 +41,8 @@ struct OptimizerOptions {
   // kFloat, or kHalf / kBFloat16 for mixed precision: weights and gradients
   // in that type, fp32 master weights kept with the optimizer states.
   c10::ScalarType param_dtype = c10::kFloat;
+  // Host-side updates run beside the next step's forward (see above).
+  bool overlap = false;
 };
 
 struct OptimizerResult {
@@ -36,6 +50,8 @@ struct OptimizerResult {
   double grad_norm = 0;
   // The gradients overflowed: nothing was updated.
   bool skipped = false;
+  // Chunks whose update was left running beside the training loop.
+  int overlapped_updates = 0;
 };
 
 class ChunkOptimizer {
@@ -50,7 +66,12 @@ class ChunkOptimizer {
   // learning rate `lr`; `step` is the 1-based count of applied updates. An
   // inf or NaN norm skips the update: no weight or state changes, and the
   // gradients are dropped.
+  // Overlapped, the host-side updates may still be running on return.
   OptimizerResult Step(int64_t step, double lr, double max_grad_norm, double loss_scale, double sq_norm);
+  // Waits for every update still running beside the training loop (and
+  // throws the first error one ended with): before the chunks' values are
+  // read whole (a checkpoint, the master weights).
+  void WaitForUpdates() const;
 
   bool mixed() const { return options_.param_dtype != c10::kFloat; }
   const OptimizerOptions& options() const { return options_; }
@@ -62,6 +83,10 @@ class ChunkOptimizer {
   void UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper);
   // The CPU kernel over elements [begin, begin + b.numel) of the chunk.
   void Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const;
+  // A chunk with its states and gradients in host memory: its update
+  // submitted to the worker, its copies marked as they will be once it has
+  // run (the host copies current, the device's parameters stale).
+  void UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper);
 
   MemoryDevice* device_;
   PayloadStore* store_;
@@ -69,6 +94,8 @@ class ChunkOptimizer {
   PayloadMover* mover_;
   OptimizerOptions options_;
   SimdPath simd_;
+  // Overlapped: the thread the host-side updates run on.
+  std::unique_ptr<HostWorker> worker_;
 };
 
 }  // namespace ferry

@@ -14,10 +14,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/memory/host_worker.h"
 #include "engine/memory/payload_store.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/tensor_state.h"
@@ -77,6 +79,12 @@ struct Chunk {
   // The optimizer states hold values (after the first update; from the
   // start in mixed precision, where they hold the fp32 masters).
   bool optimizer_initialized = false;
+  // The optimizer's update of its host copies while it runs beside the
+  // training loop (chunk_optimizer.h); null or done when none is. Until it
+  // is done nothing reads or writes the chunk's host copies: a fetch or an
+  // eviction waits for it (PayloadMover::AwaitUpdate), a prefetch passes the
+  // chunk by.
+  std::shared_ptr<const HostTask> update;
 
   bool device_homed() const { return chunk_class == ChunkClass::kDeviceHomed; }
   Payload& payload(PayloadKind kind) { return payloads[static_cast<int>(kind)]; }

@@ -15,8 +15,20 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+void PayloadMover::AwaitUpdate(Chunk& chunk) {
+  if (chunk.update == nullptr) return;
+  if (!chunk.update->done()) {
+    const auto start = std::chrono::steady_clock::now();
+    chunk.update->Wait();
+    stats_->update_wait_seconds += SecondsSince(start);
+  }
+  std::shared_ptr<const HostTask> update = std::move(chunk.update);
+  update->Wait();  // done: throws the error it ended with, if any
+}
+
 void PayloadMover::Evict(Payload& p, bool keep_values) {
   if (!p.resident) return;
+  AwaitUpdate(table_->chunk(p.chunk));
   const bool saved = p.host_valid || (p.home == Tier::kDisk && p.disk_valid);
   if (p.device_valid && !saved && keep_values) {
     const auto start = std::chrono::steady_clock::now();
@@ -46,6 +58,7 @@ void PayloadMover::Evict(Payload& p, bool keep_values) {
 
 void PayloadMover::Fetch(Payload& p, bool prefetch) {
   Chunk& chunk = table_->chunk(p.chunk);
+  AwaitUpdate(chunk);
   if (p.resident && p.device_valid) {
     if (!prefetch && p.prefetched) {
       ++stats_->prefetch_hits;

@@ -32,6 +32,10 @@ class PayloadMover {
   // Gives the payload's device memory back, first copying its values home
   // if `keep_values` and the host side does not hold them already.
   void Evict(Payload& p, bool keep_values);
+  // Waits for the optimizer's update of `chunk` running beside the step, if
+  // any (rethrowing its error), counting the wait as exposed optimizer
+  // time. Fetch and Evict wait so before they touch a chunk's copies.
+  void AwaitUpdate(Chunk& chunk);
 
  private:
   MemoryDevice* device_;

@@ -123,10 +123,16 @@ void PlacementPolicy::Prefetch(int period) {
                 double(table_->DeviceModelBytes());
   for (Payload* p : Needed(next)) {
     // Only what has a host copy to bring: gradients start on the device.
-    if (p->resident || !p->host_valid || p->kind == PayloadKind::kGrad) continue;
-    if (double(p->bytes) > room) continue;
+    if ((p->resident && p->device_valid) || !p->host_valid || p->kind == PayloadKind::kGrad) continue;
+    // A chunk whose update still runs beside the step is fetched once it is
+    // done, by the period that needs it.
+    if (Pending(table_->chunk(p->chunk).update)) continue;
+    // A resident copy to refresh (a pinned chunk's parameters after an
+    // update on the host) needs no room.
+    const double needs = p->resident ? 0.0 : double(p->bytes);
+    if (needs > room) continue;
     mover_->Fetch(*p, /*prefetch=*/true);
-    room -= double(p->bytes);
+    room -= needs;
   }
 }
 

@@ -52,6 +52,11 @@ struct StepMemoryStats {
   std::vector<int> recomputed_stages;
   // Seconds the step spent copying chunks between host and device.
   double transfer_seconds = 0;
+  // Seconds the step waited for the host-side updates of the step before,
+  // which run beside its forward (ChunkOptimizer): exposed optimizer time.
+  double update_wait_seconds = 0;
+  // Chunks whose update the step left running beside the next one.
+  int overlapped_updates = 0;
 };
 
 struct PayloadReport {

@@ -40,6 +40,9 @@ struct TrainOptions {
   // precision kernels (CUDA) always compute natively.
   enum class CpuBf16Matmul { kAuto, kNative, kFp32 };
   CpuBf16Matmul cpu_bf16_matmul = CpuBf16Matmul::kAuto;
+  // Chunks updated on the host are updated beside the next step's forward
+  // (ChunkOptimizer), with the same weights as at the end of the step.
+  bool overlap_optimizer = true;
   // fp16: the initial loss scale and the clean steps before it grows.
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 1000;

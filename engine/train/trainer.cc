@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -220,9 +221,11 @@ class ChunkedEngine : public StepEngine {
           "the gradients are not finite; lower train.lr, set train.grad_clip, or use fp32 or bf16");
     }
     stats_ = manager_->EndStep();
-    times_.forward = Seconds(start, forward_end);
+    // The forward waits for the last step's updates running beside it
+    // where it reaches their chunks: that wait is the optimizer's.
+    times_.forward = std::max(0.0, Seconds(start, forward_end) - stats_.update_wait_seconds);
     times_.backward = Seconds(forward_end, backward_end);
-    times_.optimizer = Seconds(backward_end, Clock::now());
+    times_.optimizer = Seconds(backward_end, Clock::now()) + stats_.update_wait_seconds;
     times_.transfers = stats_.transfer_seconds;
     times_.disk = stats_.disk_wait_seconds;
     observer_->OnPlacement(manager_->Placement());
@@ -346,6 +349,7 @@ class ChunkedEngine : public StepEngine {
     optimizer.beta2 = train_.beta2;
     optimizer.eps = train_.eps;
     optimizer.weight_decay = train_.weight_decay;
+    optimizer.overlap = train_.overlap_optimizer;
     switch (train_.precision) {
       case TrainOptions::Precision::kFp32:
         break;

@@ -319,6 +319,53 @@ TEST(TrainerTest, OffloadedTrainingIsTheSameTrainingBitForBit) {
   EXPECT_GT(transfers, 0);
 }
 
+// With the optimizer overlapped, the chunks updated on the host are updated
+// while the next step's forward runs: the same training bit for bit as an
+// update at the end of the step -- with clipping active (the norm is complete
+// before the first update starts), in bf16, and in fp16 where the first
+// steps overflow and are skipped.
+TEST(TrainerTest, OverlappedOptimizerIsTheSameTrainingBitForBit) {
+  auto ample = Train(SixLayers(), Small(2), kAmple, MemoryOptions());
+  ASSERT_TRUE(ample->status.ok()) << ample->status;
+  const uint64_t tight = PlannedNeed(ample->observer.placement, false) * 6 / 5;
+  for (TrainOptions::Precision precision :
+       {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16, TrainOptions::Precision::kFp16}) {
+    SCOPED_TRACE(static_cast<int>(precision));
+    TrainOptions o = Small(10);
+    o.precision = precision;
+    if (precision == TrainOptions::Precision::kFp32) o.grad_clip = 0.05;
+    if (precision == TrainOptions::Precision::kFp16) o.loss_scale = 1048576.0;  // 2^20: overflows at first
+    std::unique_ptr<TrainRun> runs[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      o.overlap_optimizer = overlap == 1;
+      runs[overlap] = Train(SixLayers(), o, precision == TrainOptions::Precision::kFp32 ? tight : 2 * tight,
+                            MemoryOptions());
+      ASSERT_TRUE(runs[overlap]->status.ok()) << runs[overlap]->status;
+    }
+    const auto& sync = runs[0]->observer.reports;
+    const auto& overlapped = runs[1]->observer.reports;
+    ASSERT_EQ(sync.size(), overlapped.size());
+    int left_running = 0, skipped = 0, clipped = 0;
+    for (size_t s = 0; s < sync.size(); ++s) {
+      EXPECT_EQ(overlapped[s].loss, sync[s].loss) << "step " << s + 1;
+      EXPECT_EQ(overlapped[s].grad_norm, sync[s].grad_norm) << "step " << s + 1;
+      EXPECT_EQ(overlapped[s].skipped, sync[s].skipped) << "step " << s + 1;
+      EXPECT_EQ(sync[s].memory_stats.overlapped_updates, 0);
+      left_running += overlapped[s].memory_stats.overlapped_updates;
+      skipped += sync[s].skipped ? 1 : 0;
+      clipped += sync[s].grad_norm > o.grad_clip ? 1 : 0;
+    }
+    EXPECT_GT(left_running, 0) << "some chunks were updated on the host beside the next step";
+    if (precision == TrainOptions::Precision::kFp16) {
+      EXPECT_GT(skipped, 0);
+      EXPECT_LT(skipped, 8) << "and later steps update";
+    }
+    if (precision == TrainOptions::Precision::kFp32) {
+      EXPECT_EQ(clipped, 10) << "clipping was active";
+    }
+  }
+}
+
 // The seed's claim: a budget where the static (ZeRO-Offload) placement runs
 // out of device memory and auto completes, with the unconstrained losses.
 // The simulated device's copy engine runs beside compute: a chunk fetched

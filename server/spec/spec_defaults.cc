@@ -59,6 +59,7 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   if (train->cpu_bf16_matmul() == ferry::v1::CPU_BF16_MATMUL_UNSPECIFIED) {
     train->set_cpu_bf16_matmul(ferry::v1::CPU_BF16_MATMUL_AUTO);
   }
+  if (!train->has_overlap_optimizer()) train->set_overlap_optimizer(true);
   if (!train->has_beta1()) train->set_beta1(0.9);
   if (!train->has_beta2()) train->set_beta2(0.95);
   if (!train->has_eps()) train->set_eps(1e-8);
@@ -145,6 +146,7 @@ TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
     default:
       o.precision = TrainOptions::Precision::kFp32;
   }
+  o.overlap_optimizer = train.overlap_optimizer();
   o.loss_scale = train.loss_scale();
   o.loss_scale_growth_interval = train.loss_scale_growth_interval();
   switch (train.cpu_bf16_matmul()) {

@@ -440,6 +440,7 @@ TEST(SpecValidatorTest, MixedPrecisionAndItsLossScale) {
     EXPECT_TRUE(ValidateSpec(spec, Machine()).ok()) << precision;
     EXPECT_EQ(spec.train().loss_scale(), 65536.0);
     EXPECT_EQ(spec.train().loss_scale_growth_interval(), 1000u);
+    EXPECT_TRUE(spec.train().overlap_optimizer()) << "the optimizer overlaps by default";
   }
   ExpectProblem("data: {synthetic: {}}\ntrain: {precision: fp16, loss_scale: 0.5}",
                 absl::StatusCode::kInvalidArgument, "train.loss_scale: 0.5 is out of range");
