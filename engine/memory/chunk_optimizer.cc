@@ -33,22 +33,27 @@ void ChunkOptimizer::Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b,
   CpuAdamWStep(b, decay, hyper, simd_);
 }
 
-void ChunkOptimizer::UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper) {
-  Payload& p = chunk.payload(PayloadKind::kParam);
-  Payload& g = chunk.payload(PayloadKind::kGrad);
-  Payload& o = chunk.payload(PayloadKind::kOptimizer);
+CpuAdamBuffers ChunkOptimizer::WholeChunk(const Chunk& chunk, const at::Tensor& params, const at::Tensor& grads,
+                                          const at::Tensor& states) const {
   CpuAdamBuffers b;
-  b.exp_avg = o.device.data_ptr<float>();
+  b.exp_avg = states.data_ptr<float>();
   b.exp_avg_sq = b.exp_avg + chunk.capacity;
-  b.master = mixed() ? b.exp_avg + 2 * chunk.capacity : p.device.data_ptr<float>();
-  b.grad = g.device.data_ptr();
-  b.grad_type = LowTypeOf(g.dtype);
+  b.master = mixed() ? b.exp_avg + 2 * chunk.capacity : params.data_ptr<float>();
+  b.grad = grads.data_ptr();
+  b.grad_type = LowTypeOf(grads.scalar_type());
   if (mixed()) {
-    b.copy = p.device.data_ptr();
-    b.copy_type = LowTypeOf(p.dtype);
+    b.copy = params.data_ptr();
+    b.copy_type = LowTypeOf(params.scalar_type());
   }
   b.numel = chunk.used;
-  Kernel(chunk, 0, b, hyper);
+  return b;
+}
+
+void ChunkOptimizer::UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper) {
+  Kernel(chunk, 0,
+         WholeChunk(chunk, chunk.payload(PayloadKind::kParam).device, chunk.payload(PayloadKind::kGrad).device,
+                    chunk.payload(PayloadKind::kOptimizer).device),
+         hyper);
 }
 
 void ChunkOptimizer::UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper) {
@@ -64,17 +69,7 @@ void ChunkOptimizer::UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper) {
     HostAllocationScope host;
     o.host.zero_();
   }
-  CpuAdamBuffers b;
-  b.exp_avg = o.host.data_ptr<float>();
-  b.exp_avg_sq = b.exp_avg + chunk.capacity;
-  b.master = mixed() ? b.exp_avg + 2 * chunk.capacity : p.host.data_ptr<float>();
-  b.grad = g.host.data_ptr();
-  b.grad_type = LowTypeOf(g.dtype);
-  if (mixed()) {
-    b.copy = p.host.data_ptr();
-    b.copy_type = LowTypeOf(p.dtype);
-  }
-  b.numel = chunk.used;
+  const CpuAdamBuffers b = WholeChunk(chunk, p.host, g.host, o.host);
   // The task holds only raw buffers and values: the payloads' bookkeeping
   // stays with the training thread, done here as of after the update.
   chunk.update = worker_->Submit(

@@ -81,6 +81,10 @@ class ChunkOptimizer {
   // The CPU kernel over the chunk's device copies (the simulated device is
   // CPU memory).
   void UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper);
+  // The CPU kernel's buffers over a whole chunk's copies (all on the
+  // device, or all on the host).
+  CpuAdamBuffers WholeChunk(const Chunk& chunk, const at::Tensor& params, const at::Tensor& grads,
+                            const at::Tensor& states) const;
   // The CPU kernel over elements [begin, begin + b.numel) of the chunk.
   void Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const;
   // A chunk with its states and gradients in host memory: its update
