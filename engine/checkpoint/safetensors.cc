@@ -1,21 +1,36 @@
 #include "engine/checkpoint/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace ferry {
-namespace {
 
-int64_t DtypeBytes(const std::string& dtype) {
+int64_t SafetensorsDtypeBytes(const std::string& dtype) {
   static const std::map<std::string, int64_t> kSizes = {
       {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
       {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
   auto it = kSizes.find(dtype);
   return it == kSizes.end() ? 0 : it->second;
 }
+
+namespace {
+
+int64_t DtypeBytes(const std::string& dtype) { return SafetensorsDtypeBytes(dtype); }
 
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
@@ -73,6 +88,210 @@ absl::Status SerializeSafetensors(const std::vector<SafetensorsTensor>& tensors,
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   out->append(header);
   for (const SafetensorsTensor& t : tensors) out->append(t.data);
+  return absl::OkStatus();
+}
+
+
+// --- Reading. ---
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const SafetensorsEntry* SafetensorsIndex::Find(const std::string& name) const {
+  for (const SafetensorsEntry& e : tensors) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+namespace {
+
+using google::protobuf::Value;
+
+// A JSON number that is a whole number a double holds exactly, within [0, 2^53].
+bool AsCount(const Value& v, uint64_t* out) {
+  if (v.kind_case() != Value::kNumberValue) return false;
+  const double d = v.number_value();
+  if (!(d >= 0) || d > 9007199254740992.0 || std::floor(d) != d) return false;
+  *out = static_cast<uint64_t>(d);
+  return true;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+}  // namespace
+
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, uint64_t file_bytes,
+                                                       const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not a valid safetensors file: ", why));
+  };
+  if (file_bytes < 8 || head.size() < 8) {
+    return bad(absl::StrCat(file_bytes, " bytes, fewer than the 8 of the header's length"));
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(head[static_cast<size_t>(i)]);
+  if (n > file_bytes - 8) {
+    return bad(absl::StrCat("the header claims ", n, " bytes but the file holds ", file_bytes - 8,
+                            " after its length (truncated?)"));
+  }
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return bad(absl::StrCat("a header of ", n, " bytes, over the ", kMaxSafetensorsHeaderBytes, " read"));
+  }
+  if (head.size() < 8 + n) return bad("the header was not read whole");
+  const std::string json(head.substr(8, n));
+  google::protobuf::Struct header;
+  if (!google::protobuf::util::JsonStringToMessage(json, &header).ok()) return bad("the header is not a JSON object");
+  const uint64_t data_start = 8 + n;
+  const uint64_t data_bytes = file_bytes - data_start;
+  SafetensorsIndex index;
+  for (const auto& [name, value] : header.fields()) {
+    if (name == "__metadata__") {
+      if (value.kind_case() != Value::kStructValue) return bad("__metadata__ is not an object");
+      for (const auto& [k, v] : value.struct_value().fields()) {
+        if (v.kind_case() != Value::kStringValue) return bad(absl::StrCat("__metadata__ '", k, "' is not a string"));
+        index.metadata[k] = v.string_value();
+      }
+      continue;
+    }
+    auto bad_tensor = [&](const std::string& why) { return bad(absl::StrCat("tensor '", name, "': ", why)); };
+    if (name.empty()) return bad("a tensor without a name");
+    if (value.kind_case() != Value::kStructValue) return bad_tensor("not an object");
+    const auto& fields = value.struct_value().fields();
+    auto dtype = fields.find("dtype");
+    auto shape = fields.find("shape");
+    auto offsets = fields.find("data_offsets");
+    if (dtype == fields.end() || shape == fields.end() || offsets == fields.end()) {
+      return bad_tensor("dtype, shape and data_offsets are required");
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    if (dtype->second.kind_case() != Value::kStringValue) return bad_tensor("dtype is not a string");
+    e.dtype = dtype->second.string_value();
+    const int64_t size = DtypeBytes(e.dtype);
+    if (size == 0) return bad_tensor(absl::StrCat("unknown dtype '", e.dtype, "'"));
+    if (shape->second.kind_case() != Value::kListValue) return bad_tensor("shape is not a list");
+    // The product stays within the file: each dimension is checked against
+    // what is left of it.
+    uint64_t numel = 1;
+    for (const Value& d : shape->second.list_value().values()) {
+      uint64_t dim = 0;
+      if (!AsCount(d, &dim)) return bad_tensor("a dimension that is not a whole number >= 0");
+      e.shape.push_back(static_cast<int64_t>(dim));
+      if (dim != 0 && numel > data_bytes / dim) numel = data_bytes + 1;  // past anything the file holds
+      else numel *= dim;
+    }
+    if (offsets->second.kind_case() != Value::kListValue || offsets->second.list_value().values_size() != 2) {
+      return bad_tensor("data_offsets is not a list of two offsets");
+    }
+    uint64_t begin = 0, end = 0;
+    if (!AsCount(offsets->second.list_value().values(0), &begin) ||
+        !AsCount(offsets->second.list_value().values(1), &end)) {
+      return bad_tensor("data_offsets are not whole numbers >= 0");
+    }
+    if (begin > end || end > data_bytes) {
+      return bad_tensor(absl::StrCat("data_offsets [", begin, ", ", end, "] lie outside the file's ", data_bytes,
+                                     " bytes of data (truncated?)"));
+    }
+    const uint64_t want = numel > data_bytes ? data_bytes + 1 : numel * static_cast<uint64_t>(size);
+    if (end - begin != want) {
+      return bad_tensor(absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but shape ",
+                                     ShapeString(e.shape), " of ", e.dtype, " needs ",
+                                     numel > data_bytes ? std::string("more than the file holds")
+                                                        : absl::StrCat(want)));
+    }
+    e.offset = data_start + begin;
+    e.bytes = end - begin;
+    index.tensors.push_back(std::move(e));
+  }
+  // The data, tensor after tensor, with no gaps and nothing after.
+  std::sort(index.tensors.begin(), index.tensors.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.bytes < b.bytes;
+  });
+  uint64_t at = data_start;
+  for (const SafetensorsEntry& e : index.tensors) {
+    if (e.offset != at) {
+      return bad(absl::StrCat("tensor '", e.name, "' starts at data byte ", e.offset - data_start, " where ",
+                              at - data_start, " was expected (", e.offset < at ? "overlapping" : "a gap", ")"));
+    }
+    at += e.bytes;
+  }
+  if (at != file_bytes) {
+    return bad(absl::StrCat("the tensors' data ends at data byte ", at - data_start, " of ", data_bytes));
+  }
+  return index;
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    const std::string why = absl::StrCat(path, ": ", std::strerror(e));
+    if (e == ENOENT) return absl::NotFoundError(why);
+    if (e == EACCES || e == EPERM) return absl::PermissionDeniedError(why);
+    return absl::InvalidArgumentError(why);
+  }
+  SafetensorsReader reader(fd, path, {});
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  std::string head(8, '\0');
+  uint64_t n = 0;
+  if (file_bytes >= 8) {
+    if (::pread(fd, head.data(), 8, 0) != 8) return absl::DataLossError(absl::StrCat(path, ": cannot read the header"));
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(head[static_cast<size_t>(i)]);
+    if (n <= file_bytes - 8 && n <= kMaxSafetensorsHeaderBytes) {
+      head.resize(8 + n);
+      if (n > 0 && ::pread(fd, head.data() + 8, n, 8) != static_cast<ssize_t>(n)) {
+        return absl::DataLossError(absl::StrCat(path, ": cannot read the header"));
+      }
+    }
+  }
+  absl::StatusOr<SafetensorsIndex> index = ParseSafetensorsIndex(head, file_bytes, path);
+  if (!index.ok()) return index.status();
+  reader.index_ = *std::move(index);
+  return reader;
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)), index_(std::move(other.index_)) {}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+    index_ = std::move(other.index_);
+  }
+  return *this;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status SafetensorsReader::Read(const SafetensorsEntry& entry, uint64_t begin, uint64_t size, void* out) const {
+  if (begin > entry.bytes || size > entry.bytes - begin) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": bytes [", begin, ", ", begin + size, ") of tensor '",
+                                                   entry.name, "', which has ", entry.bytes));
+  }
+  char* dst = static_cast<char*>(out);
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t got = ::pread(fd_, dst + done, size - done, static_cast<off_t>(entry.offset + begin + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return absl::DataLossError(absl::StrCat(path_, ": tensor '", entry.name, "' could not be read (",
+                                              got < 0 ? std::strerror(errno) : "the file is shorter than its index",
+                                              ")"));
+    }
+    done += static_cast<uint64_t>(got);
+  }
   return absl::OkStatus();
 }
 

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string>
+#include <vector>
 
 namespace ferry {
 namespace {
@@ -59,6 +61,115 @@ TEST(SafetensorsTest, BadTensorsAreRefusedWithTheName) {
   EXPECT_NE(s.message().find("w: 12 bytes for 4 values of F32"), std::string::npos) << s;
   EXPECT_FALSE(SerializeSafetensors({{"w", "F31", {1}, Floats({1})}}, {}, &bytes).ok());
   EXPECT_FALSE(SerializeSafetensors({{"w", "F32", {1}, Floats({1})}, {"w", "F32", {1}, Floats({2})}}, {}, &bytes).ok());
+}
+
+std::string TestPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp ? tmp : "/tmp") + "/" + name;
+}
+
+std::string Example() {
+  std::string bytes;
+  EXPECT_TRUE(SerializeSafetensors({{"wte.weight", "F32", {2, 3}, Floats({1, 2, 3, 4, 5, 6.5f})},
+                                    {"h.0.ln_1.bias", "BF16", {3}, std::string("\1\2\3\4\5\6", 6)}},
+                                   {{"format", "pt"}}, &bytes)
+                  .ok());
+  return bytes;
+}
+
+// The 8-byte length, the header, then the data: the header as JSON text.
+std::string WithHeader(const std::string& json, const std::string& data) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((json.size() >> (8 * i)) & 0xff));
+  return out + json + data;
+}
+
+absl::Status ParseError(const std::string& bytes) {
+  return ParseSafetensorsIndex(bytes, bytes.size(), "m.safetensors").status();
+}
+
+TEST(SafetensorsTest, ReadsBackWhatWasWritten) {
+  const std::string bytes = Example();
+  const std::string path = TestPath("round.safetensors");
+  std::ofstream(path, std::ios::binary) << bytes;
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const SafetensorsIndex& index = reader->index();
+  ASSERT_EQ(index.tensors.size(), 2u);
+  EXPECT_EQ(index.metadata.at("format"), "pt");
+  const SafetensorsEntry* wte = index.Find("wte.weight");
+  ASSERT_NE(wte, nullptr);
+  EXPECT_EQ(wte->dtype, "F32");
+  EXPECT_EQ(wte->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(wte->numel(), 6);
+  std::string values(24, '\0');
+  ASSERT_TRUE(reader->Read(*wte, 0, 24, values.data()).ok());
+  EXPECT_EQ(values, Floats({1, 2, 3, 4, 5, 6.5f}));
+  std::string part(4, '\0');
+  ASSERT_TRUE(reader->Read(*wte, 20, 4, part.data()).ok());
+  EXPECT_EQ(part, Floats({6.5f}));
+  EXPECT_EQ(reader->Read(*wte, 20, 8, part.data()).code(), absl::StatusCode::kInvalidArgument);
+  const SafetensorsEntry* bias = index.Find("h.0.ln_1.bias");
+  ASSERT_NE(bias, nullptr);
+  EXPECT_EQ(bias->bytes, 6u);
+  EXPECT_EQ(index.Find("lm_head.weight"), nullptr);
+  EXPECT_EQ(SafetensorsReader::Open(TestPath("absent.safetensors")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsTest, ATruncatedFileIsRefusedWithTheNumbers) {
+  const std::string bytes = Example();
+  // Cut inside the header: it claims more than the file holds.
+  absl::Status header = ParseError(bytes.substr(0, 20));
+  EXPECT_EQ(header.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(header.message().find("m.safetensors: not a valid safetensors file: the header claims"), std::string::npos)
+      << header;
+  EXPECT_NE(header.message().find("but the file holds 12 after its length"), std::string::npos) << header;
+  // Cut inside the data: the last tensor's range leaves the file.
+  absl::Status data = ParseError(bytes.substr(0, bytes.size() - 2));
+  EXPECT_NE(data.message().find("tensor 'h.0.ln_1.bias': data_offsets [24, 30] lie outside the file's 28 bytes"),
+            std::string::npos)
+      << data;
+  // And from a file on disk.
+  const std::string path = TestPath("cut.safetensors");
+  std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() - 7);
+  EXPECT_EQ(SafetensorsReader::Open(path).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseError("1234").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SafetensorsTest, AMalformedIndexIsRefusedNamingTheTensor) {
+  const std::string eight(8, 'x');
+  auto message = [&](const std::string& json, const std::string& data) {
+    return std::string(ParseError(WithHeader(json, data)).message());
+  };
+  EXPECT_NE(message(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8]}})", eight)
+                .find("tensor 'w': data_offsets [0, 8] hold 8 bytes but shape [2, 2] of F32 needs 16"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"w":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", eight).find("unknown dtype 'F31'"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight)
+                .find("tensor 'w': a dimension that is not a whole number"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"w":{"dtype":"F32","shape":[2]}})", eight).find("tensor 'w': dtype, shape and data_offsets"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                    eight + "1234")
+                .find("(overlapping)"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight).find("(a gap)"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight)
+                .find("the tensors' data ends at data byte 4 of 8"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"__metadata__":{"n":1}})", "").find("__metadata__ 'n' is not a string"), std::string::npos);
+  EXPECT_NE(message("[1, 2]", "").find("not a JSON object"), std::string::npos);
+  EXPECT_NE(message(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})", eight)
+                .find("needs more than the file holds"),
+            std::string::npos);
+  // A valid empty file: no tensors.
+  absl::StatusOr<SafetensorsIndex> empty = ParseSafetensorsIndex(WithHeader("{}", ""), 10, "e");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->tensors.empty());
 }
 
 }  // namespace

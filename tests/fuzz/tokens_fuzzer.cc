@@ -5,8 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,15 +12,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "server/api/tokens.h"
+#include "tests/fuzz/fuzz_check.h"
 
-namespace {
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "FUZZ CHECK FAILED: %s\n", what.c_str());
-  std::abort();
-}
-
-}  // namespace
+using ferry::fuzz::Fail;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
