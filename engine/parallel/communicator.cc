@@ -29,6 +29,13 @@ std::string What(const std::exception& e) {
   return e.what();
 }
 
+// Gloo (LibTorch 1.13) has no bf16 collectives ("Invalid scalar type"):
+// on the CPU a bf16 tensor travels as fp32, exactly, and a sum is rounded to
+// bf16 once, after it.
+at::Tensor ForTheWire(const at::Tensor& t) {
+  return t.is_cpu() && t.scalar_type() == at::kBFloat16 ? t.to(at::kFloat) : t.contiguous();
+}
+
 // A c10d process group (or, in LibTorch 2.x, backend) behind our interface:
 // ProcessGroupGloo or ProcessGroupNCCL, whose collectives take the same
 // arguments in LibTorch 1.13 and 2.x.
@@ -43,7 +50,7 @@ class C10dCommunicator : public Communicator {
   int size() const override { return group_->getSize(); }
 
   void AllReduce(at::Tensor& t, ReduceOp op) override {
-    at::Tensor dense = t.contiguous();
+    at::Tensor dense = ForTheWire(t);
     std::vector<at::Tensor> tensors{dense};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
@@ -55,7 +62,9 @@ class C10dCommunicator : public Communicator {
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override {
     if (!t.is_contiguous()) throw std::invalid_argument("StartAllReduce: the tensor must be contiguous");
     auto pending = std::make_unique<Pending>(this);
-    pending->tensors = {std::move(t)};
+    at::Tensor wire = ForTheWire(t);
+    if (!wire.is_same(t)) pending->target = t;  // filled from the wire on Wait
+    pending->tensors = {std::move(wire)};
     c10d::AllreduceOptions o;
     o.timeout = options_.timeout;
     try {
@@ -67,17 +76,17 @@ class C10dCommunicator : public Communicator {
   }
 
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override {
-    std::vector<at::Tensor> input{t.contiguous()};
+    std::vector<at::Tensor> input{ForTheWire(t)};
     std::vector<std::vector<at::Tensor>> output(1);
     for (int r = 0; r < size(); ++r) output[0].push_back(at::empty_like(input[0]));
     c10d::AllgatherOptions o;
     o.timeout = options_.timeout;
     Run(Collective::kAllGather, [&] { return group_->allgather(output, input, o); });
-    return at::cat(output[0], dim);
+    return at::cat(output[0], dim).to(t.scalar_type());
   }
 
   void Broadcast(at::Tensor& t, int root) override {
-    at::Tensor dense = t.contiguous();
+    at::Tensor dense = ForTheWire(t);
     std::vector<at::Tensor> tensors{dense};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -101,9 +110,11 @@ class C10dCommunicator : public Communicator {
       } catch (const std::exception& e) {
         throw owner->Failure(Collective::kAllReduce, e);
       }
+      if (target.defined()) target.copy_(tensors[0]);
     }
     C10dCommunicator* owner;
     std::vector<at::Tensor> tensors;  // kept alive while in flight
+    at::Tensor target;                // the caller's tensor, when the wire's is a copy
     c10::intrusive_ptr<c10d::Work> work;
   };
 

@@ -34,6 +34,26 @@ TEST(CommunicatorTest, CollectivesOverGloo) {
   });
 }
 
+// Gloo has no bf16 collectives of its own: bf16 tensors travel as fp32 and
+// come back bf16, in place, the sum rounded once.
+TEST(CommunicatorTest, Bf16CollectivesOverGloo) {
+  RunRanks(2, [](int rank, Communicator* comm) {
+    at::Tensor t = at::full({5}, 1.0 + rank * 0.00390625, at::kBFloat16);  // 1 and 1 + 2^-8
+    comm->AllReduce(t);
+    EXPECT_EQ(t.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(at::equal(t, at::full({5}, 2.0, at::kBFloat16))) << "2 + 2^-8 rounds to 2 in bf16";
+    at::Tensor pending = at::full({3}, float(rank + 1), at::kBFloat16);
+    comm->StartAllReduce(pending)->Wait();
+    EXPECT_TRUE(at::equal(pending, at::full({3}, 3.0, at::kBFloat16)));
+    at::Tensor g = comm->AllGather(at::full({1}, float(rank), at::kBFloat16), 0);
+    EXPECT_EQ(g.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(at::equal(g, torch::tensor({0.0f, 1.0f}).to(at::kBFloat16)));
+    at::Tensor b = at::full({2}, rank == 0 ? 0.5 : 0.0, at::kBFloat16);
+    comm->Broadcast(b, 0);
+    EXPECT_TRUE(at::equal(b, at::full({2}, 0.5, at::kBFloat16)));
+  });
+}
+
 TEST(CommunicatorTest, CountingCountsCallsAndBytes) {
   RunRanks(2, [](int, Communicator* comm) {
     CountingCommunicator counting(comm);
