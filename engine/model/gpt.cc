@@ -243,6 +243,10 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
   ++next_initial_;
   const auto& [name, shape] = pending_[index];
   torch::NoGradGuard no_grad;
+  if (whole_values_) {
+    out.copy_(WholeValueOf(name, shape).reshape(out.sizes()));
+    return;
+  }
   const Initialiser init = InitialiserOf(name, config_.layers);
   if (!init.drawn) {
     out.fill_(init.fill);
@@ -261,8 +265,31 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
   out.copy_(PartOf(name, at::empty(whole).normal_(0.0, init.std, generator_), *tensor_).reshape(out.sizes()));
 }
 
+at::Tensor GptImpl::WholeValueOf(const std::string& name, const std::vector<int64_t>& shape) {
+  const int dim = ShardedDim(name);
+  std::vector<int64_t> whole = shape;
+  if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
+  at::Tensor value = at::empty(whole, at::kFloat);
+  whole_values_(name, value);
+  return PartOf(name, value, *tensor_);
+}
+
+void GptImpl::Materialize() {
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    at::Tensor value = at::empty(pending_.at(next_initial_).second, at::kFloat);
+    InitialValue(next_initial_, value);
+    item.value().set_data(value);
+  }
+}
+
 uint64_t GptImpl::InitialValueScratchBytes(size_t index) const {
   const auto& [name, shape] = pending_.at(index);
+  if (whole_values_) {
+    uint64_t n = sizeof(float) * static_cast<uint64_t>(ShardedDim(name) >= 0 ? tensor_->size() : 1);
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    return ShardedDim(name) >= 0 && tensor_->size() > 1 ? 2 * n : n;
+  }
   if (!InitialiserOf(name, config_.layers).drawn || ShardedDim(name) < 0 || tensor_->size() == 1) return 0;
   uint64_t n = sizeof(float) * static_cast<uint64_t>(tensor_->size());
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);

@@ -13,7 +13,10 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "engine/model/dropout.h"
 #include "engine/model/gpt_config.h"
@@ -128,12 +131,24 @@ class GptImpl : public torch::nn::Module {
   // and the values and the generator's state after the last are kNow's bit
   // for bit. Throws std::logic_error out of order or without kDeferred.
   void InitialValue(size_t index, at::Tensor out);
+  // Initial values given instead of drawn (pretrained weights): `whole(name,
+  // out)` writes parameter `name`'s value across the whole tensor group, in
+  // the model's layout, into the fp32 tensor `out` of that shape;
+  // InitialValue keeps this rank's part of it. Nothing is drawn from the
+  // generator then.
+  using WholeValues = std::function<void(const std::string& name, at::Tensor out)>;
+  void SetInitialValues(WholeValues whole) { whole_values_ = std::move(whole); }
+  // A deferred model made whole: each parameter given fp32 storage of its
+  // own and its initial value (InitialValue, in order), as kNow would have.
+  void Materialize();
   // Whether parameters are still waiting for InitialValue.
   bool deferred() const { return next_initial_ < pending_.size(); }
   // The bytes InitialValue(index) takes while it runs into an fp32 `out`:
   // the parameter's whole tensor across the tensor group, in fp32, for a
   // drawn tensor-parallel shard; 0 for one set to a constant or drawn in
   // place (all of it this rank's).
+  // With values given (SetInitialValues), the whole tensor in fp32, twice for
+  // a tensor-parallel shard.
   uint64_t InitialValueScratchBytes(size_t index) const;
 
   // tokens: [batch, time] int64 with time <= seq_len -> logits
@@ -186,6 +201,10 @@ class GptImpl : public torch::nn::Module {
   std::vector<std::pair<std::string, std::vector<int64_t>>> pending_;
   size_t next_initial_ = 0;
   at::Generator generator_;
+  // Values given instead of drawn (SetInitialValues), and this rank's part
+  // of the one named.
+  WholeValues whole_values_;
+  at::Tensor WholeValueOf(const std::string& name, const std::vector<int64_t>& shape);
 };
 TORCH_MODULE(Gpt);
 

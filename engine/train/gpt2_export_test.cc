@@ -8,7 +8,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <thread>
@@ -19,6 +23,7 @@
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
 #include "engine/model/gpt.h"
+#include "engine/model/gpt2_weights.h"
 #include "engine/parallel/communicator.h"
 #include "engine/train/trainer.h"
 
@@ -61,31 +66,6 @@ MemoryOptions Memory() {
 
 std::unique_ptr<TokenSource> Data() { return std::make_unique<SyntheticSource>(64, 2, 1, 5); }
 
-// GPT-2's names and shapes for `c`, in its order.
-std::vector<std::pair<std::string, std::vector<int64_t>>> Gpt2Layout(const GptConfig& c) {
-  const int64_t h = c.hidden;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {{"wte.weight", {c.vocab_size, h}},
-                                                                   {"wpe.weight", {c.seq_len, h}}};
-  for (int64_t i = 0; i < c.layers; ++i) {
-    const std::string b = absl::StrCat("h.", i, ".");
-    out.insert(out.end(), {{b + "ln_1.weight", {h}},
-                           {b + "ln_1.bias", {h}},
-                           {b + "attn.c_attn.weight", {h, 3 * h}},
-                           {b + "attn.c_attn.bias", {3 * h}},
-                           {b + "attn.c_proj.weight", {h, h}},
-                           {b + "attn.c_proj.bias", {h}},
-                           {b + "ln_2.weight", {h}},
-                           {b + "ln_2.bias", {h}},
-                           {b + "mlp.c_fc.weight", {h, 4 * h}},
-                           {b + "mlp.c_fc.bias", {4 * h}},
-                           {b + "mlp.c_proj.weight", {4 * h, h}},
-                           {b + "mlp.c_proj.bias", {h}}});
-  }
-  out.push_back({"ln_f.weight", {h}});
-  out.push_back({"ln_f.bias", {h}});
-  return out;
-}
-
 at::Tensor Values(const SafetensorsTensor& t) {
   EXPECT_EQ(t.dtype, "F32");
   at::Tensor v = at::empty(t.shape, at::kFloat);
@@ -96,11 +76,13 @@ at::Tensor Values(const SafetensorsTensor& t) {
 
 // Trains one rank and returns its last checkpoint (written after the last
 // step).
-CheckpointContents TrainOneRank(SimulatedDevice* device, const TrainOptions& options, const MemoryOptions& memory) {
+CheckpointContents TrainOneRank(SimulatedDevice* device, const TrainOptions& options, const MemoryOptions& memory,
+                                const std::string& init_from = "") {
   CheckpointContents last;
   EngineOptions engine;
   engine.device = device;
   engine.memory = memory;
+  engine.init_from = init_from;
   engine.checkpoint_every_steps = options.steps;
   engine.on_checkpoint = [&](const CheckpointContents& c, auto... /*snapshot timing*/) -> absl::Status {
     last = c;
@@ -115,7 +97,8 @@ CheckpointContents TrainOneRank(SimulatedDevice* device, const TrainOptions& opt
 // Trains a world of tensor x 1 ranks as threads; every rank's last
 // checkpoint, by rank.
 std::vector<CheckpointContents> TrainTensorParallel(SimulatedDevice* device, int tensor,
-                                                    const TrainOptions& options, const MemoryOptions& memory) {
+                                                    const TrainOptions& options, const MemoryOptions& memory,
+                                                    const std::string& init_from = "") {
   c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
   std::vector<CheckpointContents> last(static_cast<size_t>(tensor));
   std::vector<std::thread> threads;
@@ -130,13 +113,15 @@ std::vector<CheckpointContents> TrainTensorParallel(SimulatedDevice* device, int
       engine.memory = memory;
       engine.tensor = groups->tensor.get();
       engine.data = groups->data.get();
+      engine.init_from = init_from;
       engine.checkpoint_every_steps = options.steps;
       engine.on_checkpoint = [&, r](const CheckpointContents& c, auto...) -> absl::Status {
         last[static_cast<size_t>(r)] = c;
         return absl::OkStatus();
       };
       Quiet quiet;
-      EXPECT_TRUE(Trainer(Model(), options, engine, Data(), &quiet).Run().ok());
+      const absl::Status trained = Trainer(Model(), options, engine, Data(), &quiet).Run();
+      EXPECT_TRUE(trained.ok()) << trained;
       EXPECT_TRUE(FinishParallelGroups(*groups).ok());
     });
   }
@@ -145,11 +130,11 @@ std::vector<CheckpointContents> TrainTensorParallel(SimulatedDevice* device, int
 }
 
 void ExpectGpt2Layout(const std::vector<SafetensorsTensor>& tensors) {
-  const auto layout = Gpt2Layout(Model());
+  const std::vector<Gpt2Tensor> layout = Gpt2Tensors(Model());
   ASSERT_EQ(tensors.size(), layout.size());
   for (size_t i = 0; i < layout.size(); ++i) {
-    EXPECT_EQ(tensors[i].name, layout[i].first) << i;
-    EXPECT_EQ(tensors[i].shape, layout[i].second) << layout[i].first;
+    EXPECT_EQ(tensors[i].name, layout[i].name) << i;
+    EXPECT_EQ(tensors[i].shape, layout[i].shape) << layout[i].name;
   }
 }
 
@@ -261,6 +246,179 @@ TEST(Gpt2ExportTest, AnotherModelIsRefused) {
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
       ExportGpt2Weights(other, Options(0.0), Memory(), {&checkpoint}, &device);
   EXPECT_EQ(tensors.status().code(), absl::StatusCode::kInvalidArgument) << tensors.status();
+}
+
+// --- Pretrained weights in (model.init_from). ---
+
+std::string TestFile(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+}
+
+std::string WriteFile(const std::string& name, const std::vector<SafetensorsTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::string bytes;
+  EXPECT_TRUE(SerializeSafetensors(tensors, metadata, &bytes).ok());
+  const std::string path = TestFile(name);
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// Export, then start another job from the file: with a learning rate of 0
+// the weights stay what they were read as, and its export is the same file
+// bit for bit -- in fp32 and bf16 (the fp32 masters are the file's values),
+// and with two tensor-parallel ranks each reading its part.
+TEST(Gpt2ImportTest, ExportThenInitFromIsBitwise) {
+  SimulatedDevice device(uint64_t{1} << 30);
+  for (auto precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
+    SCOPED_TRACE(precision == TrainOptions::Precision::kFp32 ? "fp32" : "bf16");
+    TrainOptions trained = Options(3e-3);
+    trained.precision = precision;
+    const CheckpointContents checkpoint = TrainOneRank(&device, trained, Memory());
+    absl::StatusOr<std::vector<SafetensorsTensor>> exported =
+        ExportGpt2Weights(Model(), trained, Memory(), {&checkpoint}, &device);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    const std::string path = WriteFile("exported.safetensors", *exported, Gpt2ConfigMetadata(Model()));
+
+    TrainOptions still = Options(0.0);
+    still.precision = precision;
+    still.seed = 99;  // the values come from the file, not from the seed
+    const CheckpointContents again = TrainOneRank(&device, still, Memory(), path);
+    absl::StatusOr<std::vector<SafetensorsTensor>> round = ExportGpt2Weights(Model(), still, Memory(), {&again}, &device);
+    ASSERT_TRUE(round.ok()) << round.status();
+    ASSERT_EQ(round->size(), exported->size());
+    for (size_t i = 0; i < round->size(); ++i) {
+      EXPECT_EQ((*round)[i].data, (*exported)[i].data) << (*round)[i].name;
+    }
+
+    const std::vector<CheckpointContents> ranks = TrainTensorParallel(&device, 2, still, Memory(), path);
+    absl::StatusOr<std::vector<SafetensorsTensor>> joined =
+        ExportGpt2Weights(Model(), still, Memory(), {&ranks[0], &ranks[1]}, &device);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    for (size_t i = 0; i < joined->size(); ++i) {
+      EXPECT_EQ((*joined)[i].data, (*exported)[i].data) << (*joined)[i].name << " (two tensor ranks)";
+    }
+  }
+}
+
+// Starting from the file trains as the run that wrote it would have gone
+// on: the first loss is the one the exported weights give, not a fresh
+// model's.
+TEST(Gpt2ImportTest, TrainingStartsFromTheFilesWeights) {
+  SimulatedDevice device(uint64_t{1} << 30);
+  const CheckpointContents checkpoint = TrainOneRank(&device, Options(3e-3), Memory());
+  absl::StatusOr<std::vector<SafetensorsTensor>> exported =
+      ExportGpt2Weights(Model(), Options(3e-3), Memory(), {&checkpoint}, &device);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const std::string path = WriteFile("start.safetensors", *exported, {});
+  class Losses : public TrainingObserver {
+   public:
+    void OnStep(const StepReport& r) override { losses.push_back(r.loss); }
+    std::vector<double> losses;
+  };
+  auto first_loss = [&](const std::string& init_from, bool chunked) {
+    EngineOptions engine;
+    engine.device = &device;
+    if (chunked) {
+      engine.memory = Memory();
+    } else {
+      engine.memory.reset();  // the plain loop: a model built whole
+    }
+    engine.init_from = init_from;
+    TrainOptions o = Options(3e-3);
+    o.steps = 1;
+    Losses observer;
+    EXPECT_TRUE(Trainer(Model(), o, engine, Data(), &observer).Run().ok());
+    return observer.losses.empty() ? 0.0 : observer.losses[0];
+  };
+  const double fresh = first_loss("", true);
+  const double chunked = first_loss(path, true);
+  const double plain = first_loss(path, false);
+  EXPECT_NE(chunked, fresh);
+  EXPECT_LT(chunked, fresh) << "the trained weights fit the data better";
+  // (The chunked head sums its loss in vocabulary slices: the same to 1e-6.)
+  EXPECT_NEAR(chunked, plain, 1e-5) << "the plain loop starts from the same weights";
+}
+
+TEST(Gpt2ImportTest, AFileThatIsNotTheModelIsRefusedNamingTheTensor) {
+  std::vector<SafetensorsTensor> tensors;
+  for (const Gpt2Tensor& t : Gpt2Tensors(Model())) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    tensors.push_back({t.name, "F32", t.shape, std::string(static_cast<size_t>(n) * 4, '\0')});
+  }
+  auto run = [&](const std::vector<SafetensorsTensor>& file) {
+    const std::string path = WriteFile("bad.safetensors", file, {});
+    SimulatedDevice device(uint64_t{1} << 30);
+    EngineOptions engine;
+    engine.device = &device;
+    engine.memory = Memory();
+    engine.init_from = path;
+    Quiet quiet;
+    return Trainer(Model(), Options(1e-3), engine, Data(), &quiet).Run();
+  };
+  std::vector<SafetensorsTensor> missing = tensors;
+  missing.erase(missing.begin() + 5);
+  absl::Status s = run(missing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("has no h.0.attn.c_attn.bias ([96] for this model)"), std::string::npos) << s;
+
+  std::vector<SafetensorsTensor> wrong = tensors;
+  wrong[4] = {"h.0.attn.c_attn.weight", "F32", {96, 32}, wrong[4].data};
+  s = run(wrong);
+  EXPECT_NE(s.message().find("h.0.attn.c_attn.weight is [96, 32] in the file but [32, 96] in this model"),
+            std::string::npos)
+      << s;
+
+  std::vector<SafetensorsTensor> extra = tensors;
+  extra.push_back({"h.2.ln_1.weight", "F32", {32}, std::string(128, '\0')});
+  s = run(extra);
+  EXPECT_NE(s.message().find("holds h.2.ln_1.weight [32], which this model has no place for"), std::string::npos)
+      << s;
+
+  std::vector<SafetensorsTensor> ints = tensors;
+  ints[0].dtype = "I32";
+  s = run(ints);
+  EXPECT_NE(s.message().find("wte.weight is I32; weights must be F32, F16 or BF16"), std::string::npos) << s;
+
+  // What GPT-2's own files hold beside the weights is passed over.
+  std::vector<SafetensorsTensor> buffers = tensors;
+  buffers.push_back({"h.0.attn.bias", "F32", {1, 1, 16, 16}, std::string(1024, '\0')});
+  buffers.push_back({"lm_head.weight", "F32", {64, 32}, tensors[0].data});
+  EXPECT_TRUE(run(buffers).ok());
+
+  s = run({});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+TEST(Gpt2ImportTest, TheConfigIsReadFromTheShapes) {
+  std::vector<SafetensorsTensor> tensors;
+  for (const Gpt2Tensor& t : Gpt2Tensors(Model())) {
+    tensors.push_back({t.name, "BF16", t.shape, std::string()});
+  }
+  SafetensorsIndex index;
+  for (const SafetensorsTensor& t : tensors) index.tensors.push_back({"transformer." + t.name, t.dtype, t.shape});
+  absl::StatusOr<GptConfig> bare = Gpt2ConfigFromWeights(index, "/nowhere/model.safetensors", 0);
+  EXPECT_EQ(bare.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bare.status().message().find("set model.heads"), std::string::npos) << bare.status();
+  index.metadata["n_head"] = "4";
+  absl::StatusOr<GptConfig> c = Gpt2ConfigFromWeights(index, "/nowhere/model.safetensors", 0);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layers, 2);
+  EXPECT_EQ(c->hidden, 32);
+  EXPECT_EQ(c->heads, 4);
+  EXPECT_EQ(c->vocab_size, 64);
+  EXPECT_EQ(c->seq_len, 16);
+  EXPECT_TRUE(CheckGpt2Weights(index, *c, "m").ok()) << "names under transformer. are found";
+  // Heads from a config.json beside the file, or from the caller.
+  index.metadata.clear();
+  const std::string dir = TestFile("withconfig");
+  ::mkdir(dir.c_str(), 0700);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "gpt2", "n_head": 8, "n_embd": 32})";
+  EXPECT_EQ(Gpt2ConfigFromWeights(index, dir + "/model.safetensors", 0)->heads, 8);
+  EXPECT_EQ(Gpt2ConfigFromWeights(index, dir + "/model.safetensors", 2)->heads, 2);
+  EXPECT_EQ(Gpt2ConfigFromWeights(index, "m", 5).status().code(), absl::StatusCode::kInvalidArgument)
+      << "32 does not split into 5 heads";
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "engine/memory/simulated_device.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/loss_scaler.h"
+#include "engine/train/gpt2_import.h"
 #include "engine/train/lr_schedule.h"
 
 namespace ferry {
@@ -467,9 +468,18 @@ absl::Status Trainer::RunSteps() {
     HostAllocationScope host;
     // For the chunks, built block by block without its values (they are
     // drawn into the chunks); whole for the plain loop.
+    const bool from_file = !engine_.init_from.empty() && engine_.resume == nullptr;
     model = Gpt(model_config_, engine_.tensor,
-                engine_.memory.has_value() ? GptImpl::ParameterInit::kDeferred : GptImpl::ParameterInit::kNow);
+                engine_.memory.has_value() || from_file ? GptImpl::ParameterInit::kDeferred
+                                                        : GptImpl::ParameterInit::kNow);
     model->train();
+    if (from_file) {
+      RETURN_IF_ERROR(InitFromGpt2Weights(engine_.init_from, model_config_, *model));
+      // The plain loop holds the model whole.
+      if (!engine_.memory.has_value()) {
+        RETURN_IF_ERROR(CallTorch(absl::StrCat("reading ", engine_.init_from), [&] { model->Materialize(); }));
+      }
+    }
     if (data_ranks > 1) {
       model->SetBatchShare(options_.batch_size, engine_.data->rank() * (options_.batch_size / data_ranks));
     }

@@ -48,6 +48,11 @@ struct EngineOptions {
   // must have written it when it returns (AsyncCheckpointWriter does).
   // `snapshot_seconds` is what taking the snapshot cost the step loop.
   const CheckpointContents* resume = nullptr;
+  // Pretrained weights (model.init_from): a safetensors file in Hugging
+  // Face's GPT-2 layout holding exactly the model's weights, read as the
+  // model is built instead of drawing initial values (gpt2_import.h); each
+  // tensor-parallel rank keeps its part. A resume's checkpoint wins over it.
+  std::string init_from;
   int64_t checkpoint_every_steps = 0;
   std::function<absl::Status(CheckpointContents contents, double snapshot_seconds)> on_checkpoint;
 };
