@@ -157,7 +157,9 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, u
       }
       continue;
     }
-    auto bad_tensor = [&](const std::string& why) { return bad(absl::StrCat("tensor '", name, "': ", why)); };
+    // (A structured binding cannot be captured in C++17.)
+    const std::string& tensor = name;
+    auto bad_tensor = [&](const std::string& why) { return bad(absl::StrCat("tensor '", tensor, "': ", why)); };
     if (name.empty()) return bad("a tensor without a name");
     if (value.kind_case() != Value::kStructValue) return bad_tensor("not an object");
     const auto& fields = value.struct_value().fields();

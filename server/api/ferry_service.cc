@@ -78,6 +78,7 @@ grpc::Status FerryService::SubmitJob(grpc::ServerContext*, const ferry::v1::Subm
       }
     }
   }
+  if (absl::Status s = ResolveModelFromWeights(&*resolved, machine); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = ValidateSpec(*resolved, machine); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<ferry::v1::Job> job =
       registry_->Submit(request->spec(), *resolved, request->request_id());

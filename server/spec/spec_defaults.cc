@@ -25,16 +25,22 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   if (!preset.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model.preset: ", preset.status().message()));
   }
-  if (model->preset().empty() && model->layers() == 0 && model->hidden() == 0 &&
-      model->heads() == 0 && model->vocab_size() == 0 && model->seq_len() == 0) {
-    model->set_preset(base);
+  const bool no_architecture = model->preset().empty() && model->layers() == 0 && model->hidden() == 0 &&
+                               model->heads() == 0 && model->vocab_size() == 0 && model->seq_len() == 0;
+  if (!model->init_from().empty() && model->preset().empty()) {
+    // The architecture fields left unset are read from the weights file
+    // (ResolveModelFromWeights, where the file can be read); only dropout has
+    // a default here, GPT-2's.
+    if (!model->has_dropout()) model->set_dropout(0.1);
+  } else {
+    if (no_architecture) model->set_preset(base);
+    if (model->layers() == 0) model->set_layers(static_cast<uint32_t>(preset->layers));
+    if (model->hidden() == 0) model->set_hidden(static_cast<uint32_t>(preset->hidden));
+    if (model->heads() == 0) model->set_heads(static_cast<uint32_t>(preset->heads));
+    if (model->vocab_size() == 0) model->set_vocab_size(static_cast<uint32_t>(preset->vocab_size));
+    if (model->seq_len() == 0) model->set_seq_len(static_cast<uint32_t>(preset->seq_len));
+    if (!model->has_dropout()) model->set_dropout(preset->dropout);
   }
-  if (model->layers() == 0) model->set_layers(static_cast<uint32_t>(preset->layers));
-  if (model->hidden() == 0) model->set_hidden(static_cast<uint32_t>(preset->hidden));
-  if (model->heads() == 0) model->set_heads(static_cast<uint32_t>(preset->heads));
-  if (model->vocab_size() == 0) model->set_vocab_size(static_cast<uint32_t>(preset->vocab_size));
-  if (model->seq_len() == 0) model->set_seq_len(static_cast<uint32_t>(preset->seq_len));
-  if (!model->has_dropout()) model->set_dropout(preset->dropout);
 
   if (out.data().has_synthetic()) {
     ferry::v1::SyntheticData* synthetic = out.mutable_data()->mutable_synthetic();

@@ -15,7 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/safe_path.h"
+#include "engine/common/status_macros.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/memory/chunk_layout.h"
+#include "engine/model/gpt2_weights.h"
 #include "engine/model/gpt_config.h"
 #include "ferry/v1/options.pb.h"
 #include "server/spec/size.h"
@@ -163,7 +166,8 @@ void CheckData(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
       return;
     case ferry::v1::DataSpec::kSynthetic: {
       const uint32_t branching = data.synthetic().branching();
-      if (branching < 1 || branching >= spec.model().vocab_size()) {
+      // (A vocabulary still to be read from model.init_from is 0 here.)
+      if (branching < 1 || (spec.model().vocab_size() > 0 && branching >= spec.model().vocab_size())) {
         p.Invalid(absl::StrCat("data.synthetic.branching: ", branching,
                                " must be at least 1 and below model.vocab_size (",
                                spec.model().vocab_size(), ")"));
@@ -553,6 +557,49 @@ std::string DiskTierBase(const JobSpec& spec, const MachineFacts& machine) {
   return spec.memory().disk_dir().empty() ? machine.default_disk_dir : spec.memory().disk_dir();
 }
 
+namespace {
+
+// The architecture is still to be read from model.init_from.
+bool Unresolved(const ferry::v1::ModelSpec& m) {
+  return !m.init_from().empty() &&
+         (m.layers() == 0 || m.hidden() == 0 || m.heads() == 0 || m.vocab_size() == 0 || m.seq_len() == 0);
+}
+
+// model.init_from's index, the file confined and opened as the worker will.
+absl::StatusOr<SafetensorsIndex> WeightsIndex(const std::string& path, const MachineFacts& machine) {
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("model.init_from: '", path,
+                                                   "' must be an absolute path (the ferry CLI resolves relative "
+                                                   "paths against the job file's directory)"));
+  }
+  RETURN_IF_ERROR(CheckConfined(machine.allowed_roots, "model.init_from", path, PathKind::kFile).status());
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  if (absl::IsNotFound(reader.status())) {
+    return absl::FailedPreconditionError(absl::StrCat("model.init_from: ", path,
+                                                      " does not exist on the daemon's machine"));
+  }
+  if (!reader.ok()) return reader.status();
+  return reader->index();
+}
+
+}  // namespace
+
+absl::Status ResolveModelFromWeights(JobSpec* spec, const MachineFacts& machine) {
+  ferry::v1::ModelSpec* m = spec->mutable_model();
+  if (!Unresolved(*m) || !machine.check_files) return absl::OkStatus();
+  ASSIGN_OR_RETURN(SafetensorsIndex index, WeightsIndex(m->init_from(), machine));
+  ASSIGN_OR_RETURN(GptConfig c, Gpt2ConfigFromWeights(index, m->init_from(), m->heads()));
+  auto fill = [](uint32_t value, int64_t from_file) {
+    return value != 0 ? value : static_cast<uint32_t>(std::min<int64_t>(from_file, UINT32_MAX));
+  };
+  m->set_layers(fill(m->layers(), c.layers));
+  m->set_hidden(fill(m->hidden(), c.hidden));
+  m->set_heads(fill(m->heads(), c.heads));
+  m->set_vocab_size(fill(m->vocab_size(), c.vocab_size));
+  m->set_seq_len(fill(m->seq_len(), c.seq_len));
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   Problems p;
   if (spec.name().size() > kMaxNameLength) {
@@ -562,7 +609,16 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
                          [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
     p.Invalid("name: contains a control character (a newline, a tab, NUL...); use printable text");
   }
-  const bool model_ok = CheckModel(p, spec.model());
+  // Without the file system (the CLI's own checks) a model still to be read
+  // from its weights is left to the daemon.
+  const bool model_ok = Unresolved(spec.model()) ? false : CheckModel(p, spec.model());
+  if (Unresolved(spec.model()) && machine.check_files) {
+    p.Invalid("model: the architecture was not read from model.init_from; submit through ferryd");
+  } else if (model_ok && !spec.model().init_from().empty() && machine.check_files) {
+    absl::StatusOr<SafetensorsIndex> index = WeightsIndex(spec.model().init_from(), machine);
+    p.Add(index.ok() ? CheckGpt2Weights(*index, ToGptConfig(spec.model()), spec.model().init_from())
+                     : index.status());
+  }
   CheckData(p, spec, machine);
   CheckTrain(p, spec.train());
   const bool parallel_ok = CheckParallel(p, spec);

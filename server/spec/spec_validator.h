@@ -76,6 +76,15 @@ struct MachineFacts {
 // does not support.
 absl::Status ValidateSpec(const ferry::v1::JobSpec& spec, const MachineFacts& machine);
 
+// After WithDefaults, before ValidateSpec, where files can be read
+// (machine.check_files): a model with model.init_from and architecture
+// fields unset takes them from the weights file (Gpt2ConfigFromWeights);
+// fields set stay as they are (ValidateSpec then checks the file against
+// them). Errors: the path's (INVALID_ARGUMENT, PERMISSION_DENIED outside
+// the allowed roots), FAILED_PRECONDITION for a file that is not there,
+// INVALID_ARGUMENT for one that is not a GPT-2 safetensors file.
+absl::Status ResolveModelFromWeights(ferry::v1::JobSpec* spec, const MachineFacts& machine);
+
 // Bytes of model state one AdamW step needs in fp32: weights, gradients and
 // two moments, 16 bytes per parameter.
 uint64_t TrainingStateBytes(const ferry::v1::ModelSpec& model);

@@ -10,7 +10,12 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
+#include <string>
+#include <vector>
 
+#include "engine/checkpoint/safetensors.h"
+#include "engine/model/gpt2_weights.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
 
@@ -644,6 +649,85 @@ TEST(SpecLimitsTest, ReplicasCountOnOneMachineAndCheckpointsTakeNoMemoryBesideTh
   EXPECT_NE(s.message().find("fewer data-parallel ranks (parallel.data)"), std::string::npos) << s;
   machine.ranks_share_host = false;
   EXPECT_TRUE(ValidateSpec(replicated, machine).ok()) << ValidateSpec(replicated, machine);
+}
+
+// A GPT-2 weights file of 2 blocks, hidden 32, vocabulary 64, context 16,
+// written into `dir` (with n_head in its metadata when `heads` > 0).
+std::string WeightsFile(const std::string& dir, int64_t heads, int layers = 2) {
+  GptConfig c;
+  c.layers = layers;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab_size = 64;
+  c.seq_len = 16;
+  std::vector<SafetensorsTensor> tensors;
+  for (const Gpt2Tensor& t : Gpt2Tensors(c)) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    tensors.push_back({t.name, "F16", t.shape, std::string(static_cast<size_t>(n) * 2, '\0')});
+  }
+  std::map<std::string, std::string> metadata;
+  if (heads > 0) metadata["n_head"] = std::to_string(heads);
+  std::string bytes;
+  EXPECT_TRUE(SerializeSafetensors(tensors, metadata, &bytes).ok());
+  const std::string path = dir + "/model.safetensors";
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST_F(AllowedRootsValidationTest, TheModelIsReadFromItsWeights) {
+  const std::string path = WeightsFile(root_, 4);
+  JobSpec spec = Resolved("model: {init_from: " + path + "}\ndata: {synthetic: {}}");
+  EXPECT_EQ(spec.model().layers(), 0u) << "left to the file";
+  EXPECT_EQ(spec.model().dropout(), 0.1);
+  // The CLI's own checks leave it to the daemon.
+  MachineFacts local = Machine();
+  local.check_files = false;
+  EXPECT_TRUE(ValidateSpec(spec, local).ok()) << ValidateSpec(spec, local);
+  ASSERT_TRUE(ResolveModelFromWeights(&spec, machine_).ok());
+  EXPECT_EQ(spec.model().layers(), 2u);
+  EXPECT_EQ(spec.model().hidden(), 32u);
+  EXPECT_EQ(spec.model().heads(), 4u);
+  EXPECT_EQ(spec.model().vocab_size(), 64u);
+  EXPECT_EQ(spec.model().seq_len(), 16u);
+  EXPECT_TRUE(ValidateSpec(spec, machine_).ok()) << ValidateSpec(spec, machine_);
+  // Unresolved, the daemon's checks refuse it.
+  EXPECT_EQ(ValidateSpec(Resolved("model: {init_from: " + path + "}\ndata: {synthetic: {}}"), machine_).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(AllowedRootsValidationTest, WeightsThatAreNotTheModelAreRefusedAtSubmit) {
+  const std::string path = WeightsFile(root_, 0);
+  // Without n_head, and no config.json: heads must be given.
+  JobSpec bare = Resolved("model: {init_from: " + path + "}\ndata: {synthetic: {}}");
+  absl::Status s = ResolveModelFromWeights(&bare, machine_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("set model.heads"), std::string::npos) << s;
+  JobSpec heads = Resolved("model: {init_from: " + path + ", heads: 8}\ndata: {synthetic: {}}");
+  ASSERT_TRUE(ResolveModelFromWeights(&heads, machine_).ok());
+  EXPECT_EQ(heads.model().heads(), 8u);
+  // A field set otherwise than the file: refused naming the tensor and both shapes.
+  JobSpec deeper = Resolved("model: {init_from: " + path + ", layers: 3, heads: 4}\ndata: {synthetic: {}}");
+  ASSERT_TRUE(ResolveModelFromWeights(&deeper, machine_).ok());
+  s = ValidateSpec(deeper, machine_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("has no h.2.ln_1.weight ([32] for this model)"), std::string::npos) << s;
+  JobSpec wider = Resolved("model: {init_from: " + path + ", hidden: 64, heads: 4}\ndata: {synthetic: {}}");
+  ASSERT_TRUE(ResolveModelFromWeights(&wider, machine_).ok());
+  s = ValidateSpec(wider, machine_);
+  EXPECT_NE(s.message().find("wte.weight is [64, 32] in the file but [64, 64] in this model"), std::string::npos)
+      << s;
+  // A damaged file, one that is not there, one outside the roots.
+  std::ofstream(root_ + "/cut.safetensors", std::ios::binary) << std::string("\xff\xff\0\0\0\0\0\0{}", 10);
+  JobSpec cut = Resolved("model: {init_from: " + root_ + "/cut.safetensors}\ndata: {synthetic: {}}");
+  s = ResolveModelFromWeights(&cut, machine_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the header claims 65535 bytes but the file holds 2"), std::string::npos) << s;
+  JobSpec absent = Resolved("model: {init_from: " + root_ + "/absent.safetensors}\ndata: {synthetic: {}}");
+  EXPECT_EQ(ResolveModelFromWeights(&absent, machine_).code(), absl::StatusCode::kFailedPrecondition);
+  const std::string outside = WeightsFile(outside_, 4);
+  JobSpec away = Resolved("model: {init_from: " + outside + "}\ndata: {synthetic: {}}");
+  EXPECT_EQ(ResolveModelFromWeights(&away, machine_).code(), absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace

@@ -397,6 +397,11 @@ int RunWorker(const WorkerOptions& options) {
       machine.default_disk_dir = disk_dir;
     }
   }
+  // Under a launcher the spec comes as written: its model may still be read
+  // from model.init_from (the daemon's spec has it filled in already).
+  if (absl::Status s = ResolveModelFromWeights(&*spec, machine); !s.ok()) {
+    return Fail(reporter, s, kWorkerBadUsage);
+  }
   if (absl::Status s = ValidateSpec(*spec, machine); !s.ok()) {
     return Fail(reporter, s, kWorkerBadUsage);
   }
@@ -423,6 +428,7 @@ int RunWorker(const WorkerOptions& options) {
 
   EngineOptions engine;
   engine.device = device->get();
+  engine.init_from = spec->model().init_from();
   engine.memory = ToMemoryOptions(spec->memory());
   // The budgets the daemon checked the job against, its defaults filled in
   // the same way, and this rank's directory for the disk tier.
