@@ -22,10 +22,12 @@ constexpr size_t kMaxFileBytes = 1 << 20;
 
 bool IsVisibleAscii(char c) { return c > ' ' && c < 0x7f; }
 
-// A role field is shown in an error only when it cannot be a token: short,
-// and plain letters, digits, '-' and '_'.
+// A role field is shown in an error only when it cannot be a token, nor
+// part of one: plain letters, digits, '-' and '_', and short enough that
+// with the quotes around it in the message ('ROLE';) it is still shorter
+// than a token.
 bool SafeToShow(absl::string_view field) {
-  if (field.size() >= kMinTokenLength) return false;
+  if (field.size() + 3 >= kMinTokenLength) return false;
   for (char c : field) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
   }
