@@ -73,7 +73,7 @@ struct Result {
   StepSplit split;
 };
 
-Result RunJob(const Job& job, double gemm_fp32, double gemm_bf16) {
+Result RunJob(const Job& job) {
   Result result;
   result.job = job;
   GptConfig model = *GptPreset(job.preset);
@@ -119,8 +119,6 @@ Result RunJob(const Job& job, double gemm_fp32, double gemm_bf16) {
     const double step_tokens = double(job.batch * job.seq_len);
     result.tokens_per_second = step_tokens / result.step_seconds;
     result.achieved_flops = 6.0 * double(result.parameters) * result.tokens_per_second;
-    const double gemm = job.precision == TrainOptions::Precision::kBf16 ? gemm_bf16 : gemm_fp32;
-    result.fraction_of_gemm = gemm > 0 ? result.achieved_flops / gemm : 0;
   }
   return result;
 }
@@ -148,7 +146,6 @@ int Run() {
   std::fprintf(stderr, "scale: measuring the GEMM rate (1024^3 products, %d threads)\n", HostCpuCount());
   const double fp32_before = MeasureMatmulFlops(c10::Device(c10::kCPU), at::kFloat, 1024, 1.0);
   const double bf16_before = MeasureMatmulFlops(c10::Device(c10::kCPU), at::kBFloat16, 1024, 1.0);
-  double gemm_fp32 = fp32_before, gemm_bf16 = bf16_before;
 
   using P = TrainOptions::Precision;
   using M = TrainOptions::CpuBf16Matmul;
@@ -178,17 +175,17 @@ int Run() {
                  static_cast<long long>(absl::GetFlag(FLAGS_steps)));
     if (!absl::GetFlag(FLAGS_trace).empty()) {
       torch::autograd::profiler::RecordProfile trace(absl::StrCat(absl::GetFlag(FLAGS_trace), ".", results.size(), ".json"));
-      results.push_back(RunJob(job, gemm_fp32, gemm_bf16));
+      results.push_back(RunJob(job));
     } else {
-      results.push_back(RunJob(job, gemm_fp32, gemm_bf16));
+      results.push_back(RunJob(job));
     }
     if (!results.back().error.empty()) std::fprintf(stderr, "  failed: %s\n", results.back().error.c_str());
   }
   std::fprintf(stderr, "scale: measuring the GEMM rate again\n");
   const double fp32_after = MeasureMatmulFlops(c10::Device(c10::kCPU), at::kFloat, 1024, 1.0);
   const double bf16_after = MeasureMatmulFlops(c10::Device(c10::kCPU), at::kBFloat16, 1024, 1.0);
-  gemm_fp32 = std::max(fp32_before, fp32_after);
-  gemm_bf16 = std::max(bf16_before, bf16_after);
+  const double gemm_fp32 = std::max(fp32_before, fp32_after);
+  const double gemm_bf16 = std::max(bf16_before, bf16_after);
   for (Result& r : results) {
     const double gemm = r.job.precision == P::kBf16 ? gemm_bf16 : gemm_fp32;
     r.fraction_of_gemm = gemm > 0 ? r.achieved_flops / gemm : 0;

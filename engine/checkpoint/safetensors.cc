@@ -28,9 +28,17 @@ int64_t SafetensorsDtypeBytes(const std::string& dtype) {
   return it == kSizes.end() ? 0 : it->second;
 }
 
-namespace {
+uint64_t SafetensorsHeaderBytes(absl::string_view first8) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(first8[static_cast<size_t>(i)]);
+  return n;
+}
 
-int64_t DtypeBytes(const std::string& dtype) { return SafetensorsDtypeBytes(dtype); }
+std::string FormatShape(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+namespace {
 
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
@@ -60,7 +68,7 @@ absl::Status SerializeSafetensors(const std::vector<SafetensorsTensor>& tensors,
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
-    const int64_t size = DtypeBytes(t.dtype);
+    const int64_t size = SafetensorsDtypeBytes(t.dtype);
     if (size == 0) return absl::InvalidArgumentError(absl::StrCat("safetensors: ", t.name, ": unknown dtype ", t.dtype));
     if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: bad or repeated tensor name '", t.name, "'"));
@@ -120,8 +128,6 @@ bool AsCount(const Value& v, uint64_t* out) {
   return true;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
-
 }  // namespace
 
 absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, uint64_t file_bytes,
@@ -132,8 +138,7 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, u
   if (file_bytes < 8 || head.size() < 8) {
     return bad(absl::StrCat(file_bytes, " bytes, fewer than the 8 of the header's length"));
   }
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(head[static_cast<size_t>(i)]);
+  const uint64_t n = SafetensorsHeaderBytes(head);
   if (n > file_bytes - 8) {
     return bad(absl::StrCat("the header claims ", n, " bytes but the file holds ", file_bytes - 8,
                             " after its length (truncated?)"));
@@ -173,7 +178,7 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, u
     e.name = name;
     if (dtype->second.kind_case() != Value::kStringValue) return bad_tensor("dtype is not a string");
     e.dtype = dtype->second.string_value();
-    const int64_t size = DtypeBytes(e.dtype);
+    const int64_t size = SafetensorsDtypeBytes(e.dtype);
     if (size == 0) return bad_tensor(absl::StrCat("unknown dtype '", e.dtype, "'"));
     if (shape->second.kind_case() != Value::kListValue) return bad_tensor("shape is not a list");
     // The product stays within the file: each dimension is checked against
@@ -201,7 +206,7 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, u
     const uint64_t want = numel > data_bytes ? data_bytes + 1 : numel * static_cast<uint64_t>(size);
     if (end - begin != want) {
       return bad_tensor(absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but shape ",
-                                     ShapeString(e.shape), " of ", e.dtype, " needs ",
+                                     FormatShape(e.shape), " of ", e.dtype, " needs ",
                                      numel > data_bytes ? std::string("more than the file holds")
                                                         : absl::StrCat(want)));
     }
@@ -243,10 +248,9 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   std::string head(8, '\0');
-  uint64_t n = 0;
   if (file_bytes >= 8) {
     if (::pread(fd, head.data(), 8, 0) != 8) return absl::DataLossError(absl::StrCat(path, ": cannot read the header"));
-    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(head[static_cast<size_t>(i)]);
+    const uint64_t n = SafetensorsHeaderBytes(head);
     if (n <= file_bytes - 8 && n <= kMaxSafetensorsHeaderBytes) {
       head.resize(8 + n);
       if (n > 0 && ::pread(fd, head.data() + 8, n, 8) != static_cast<ssize_t>(n)) {

@@ -38,6 +38,12 @@ absl::Status SerializeSafetensors(const std::vector<SafetensorsTensor>& tensors,
 // Bytes a value of `dtype` takes; 0 for a dtype the format does not name.
 int64_t SafetensorsDtypeBytes(const std::string& dtype);
 
+// The header's length, from the file's first 8 bytes (little-endian).
+uint64_t SafetensorsHeaderBytes(absl::string_view first8);
+
+// "[2, 3]": a shape as errors show it.
+std::string FormatShape(const std::vector<int64_t>& shape);
+
 // Where a tensor's bytes lie in its file.
 struct SafetensorsEntry {
   std::string name;

@@ -16,14 +16,12 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 void PayloadMover::AwaitUpdate(Chunk& chunk) {
-  if (chunk.update == nullptr) return;
-  if (!chunk.update->done()) {
-    const auto start = std::chrono::steady_clock::now();
-    chunk.update->Wait();
-    stats_->update_wait_seconds += SecondsSince(start);
-  }
-  std::shared_ptr<const HostTask> update = std::move(chunk.update);
-  update->Wait();  // done: throws the error it ended with, if any
+  const std::shared_ptr<const HostTask> update = std::move(chunk.update);
+  if (update == nullptr) return;
+  const bool waits = !update->done();
+  const auto start = std::chrono::steady_clock::now();
+  update->Wait();  // throws the error it ended with, if any
+  if (waits) stats_->update_wait_seconds += SecondsSince(start);
 }
 
 void PayloadMover::Evict(Payload& p, bool keep_values) {

@@ -16,8 +16,6 @@
 namespace ferry {
 namespace {
 
-std::string Shape(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
-
 // Not weights: the blocks' causal-mask buffers, and the output layer tied to
 // wte.
 bool PassedOver(absl::string_view name) {
@@ -89,8 +87,8 @@ absl::StatusOr<GptConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, c
   if (wpe == nullptr) return missing("wpe.weight");
   if (wte->shape.size() != 2 || wpe->shape.size() != 2 || wte->shape[1] != wpe->shape[1] || wte->shape[1] <= 0 ||
       wte->shape[0] <= 0 || wpe->shape[0] <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", path, ": wte.weight ", Shape(wte->shape),
-                                                   " and wpe.weight ", Shape(wpe->shape),
+    return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", path, ": wte.weight ", FormatShape(wte->shape),
+                                                   " and wpe.weight ", FormatShape(wpe->shape),
                                                    " are not [vocab, hidden] and [context, hidden]"));
   }
   GptConfig c;
@@ -126,12 +124,12 @@ absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const GptConfig& co
   for (const Gpt2Tensor& t : Gpt2Tensors(config)) {
     const SafetensorsEntry* e = FindGpt2Tensor(index, t.name);
     if (e == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, " has no ", t.name, " (", Shape(t.shape),
+      return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, " has no ", t.name, " (", FormatShape(t.shape),
                                                      " for this model): another architecture, or a damaged file"));
     }
     if (e->shape != t.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, ": ", t.name, " is ", Shape(e->shape),
-                                                     " in the file but ", Shape(t.shape),
+      return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, ": ", t.name, " is ", FormatShape(e->shape),
+                                                     " in the file but ", FormatShape(t.shape),
                                                      " in this model; leave the model's shape fields unset to "
                                                      "take them from the file"));
     }
@@ -144,7 +142,7 @@ absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const GptConfig& co
   for (const SafetensorsEntry& e : index.tensors) {
     if (used.count(&e) == 0 && !PassedOver(e.name)) {
       return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, " holds ", e.name, " ",
-                                                     Shape(e.shape), ", which this model has no place for: "
+                                                     FormatShape(e.shape), ", which this model has no place for: "
                                                      "another architecture, or more layers than the model"));
     }
   }

@@ -23,9 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!absl::StartsWith(index.status().message(), "f.safetensors: ")) Fail("an error not naming the file");
     return 0;
   }
-  uint64_t header = 0;
-  for (int i = 7; i >= 0; --i) header = (header << 8) | data[i];
-  uint64_t at = 8 + header;
+  uint64_t at = 8 + ferry::SafetensorsHeaderBytes(bytes);
   for (const ferry::SafetensorsEntry& e : index->tensors) {
     if (e.offset != at) Fail("a tensor that does not follow the one before: " + e.name);
     const int64_t element = ferry::SafetensorsDtypeBytes(e.dtype);
