@@ -231,6 +231,20 @@ at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
                                   const std::function<at::Tensor(const at::Tensor&)>& fn) {
   const int period = table_.ForwardPeriod(stage);
   SetStates(stage, TensorState::kCompute);
+  if (eval_) {
+    // Outside the step's cycle: no period is measured (the last step's
+    // figures stay as they were).
+    tracer_.EnterPeriod(-1);
+    policy_.Prepare(period, policy_.Needed(period));
+    at::Tensor y;
+    {
+      at::NoGradGuard no_grad;
+      y = fn(input);
+    }
+    SetStates(stage, TensorState::kHold);
+    policy_.ReleaseAfterPeriod(period);
+    return y;
+  }
   BeginPeriod(period);
   const int64_t self = reinterpret_cast<int64_t>(this);
   at::Tensor x = input.requires_grad() ? StageHook::apply(input, self, stage, /*post=*/true) : input;

@@ -121,6 +121,13 @@ class ChunkManager {
   OptimizerResult OptimizerStep(int64_t step, double lr, double max_grad_norm, double loss_scale = 1.0);
   StepMemoryStats EndStep();
 
+  // Evaluation, between steps: from BeginEval to EndEval, RunStage runs each
+  // stage's forward without gradients (and without recomputation), fetching
+  // its chunks as a training forward does -- after the last update's tasks
+  // on them -- with nothing traced and nothing counted in a step's figures.
+  void BeginEval() { eval_ = true; }
+  void EndEval() { eval_ = false; }
+
   PlacementReport Placement() const;
   // A copy of every managed parameter's fp32 (master) values, in the order
   // given to Create, on the CPU. Parameter tensors themselves may point at a
@@ -193,6 +200,7 @@ class ChunkManager {
   std::vector<std::function<at::Tensor(const at::Tensor&)>> stage_fns_;  // this step
   std::vector<bool> backward_started_;  // per stage, this step
   std::vector<bool> backward_done_;     // per stage, this step
+  bool eval_ = false;
 };
 
 }  // namespace ferry

@@ -43,6 +43,12 @@ struct TrainOptions {
   // Chunks updated on the host are updated beside the next step's forward
   // (ChunkOptimizer), with the same weights as at the end of the step.
   bool overlap_optimizer = true;
+  // Evaluation (with EngineOptions::eval_data): after every this many
+  // steps, and after the last, the mean loss over `eval_batches` batches of
+  // `batch_size` sequences, the same batches each time. 0: only after the
+  // last step.
+  int64_t eval_every_steps = 0;
+  int64_t eval_batches = 4;
   // fp16: the initial loss scale and the clean steps before it grows.
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 1000;

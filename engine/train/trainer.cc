@@ -11,6 +11,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -72,6 +73,9 @@ class StepEngine {
   // Forward, backward and update; returns the loss and the gradient norm.
   virtual absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets,
                             double lr, double* loss, double* grad_norm) = 0;
+  // The mean loss per token of a batch in evaluation mode (no dropout, no
+  // gradients, nothing updated), over the whole global batch.
+  virtual double Evaluate(const torch::Tensor& inputs, const torch::Tensor& targets) = 0;
   // Fills the memory part of the report.
   virtual void Report(StepReport* report) = 0;
   virtual std::string ExplainOutOfMemory(const std::string& what) const = 0;
@@ -135,6 +139,13 @@ class PlainEngine : public StepEngine {
     times_.backward = Seconds(forward_end, backward_end);
     times_.optimizer = Seconds(backward_end, Clock::now());
     return absl::OkStatus();
+  }
+
+  double Evaluate(const torch::Tensor& inputs, const torch::Tensor& targets) override {
+    model_->eval();
+    auto train_again = absl::MakeCleanup([&] { model_->train(); });
+    torch::NoGradGuard no_grad;
+    return model_->Loss(model_->forward(inputs), targets).item<double>();
   }
 
   void Report(StepReport* report) override {
@@ -231,6 +242,30 @@ class ChunkedEngine : public StepEngine {
     times_.disk = stats_.disk_wait_seconds;
     observer_->OnPlacement(manager_->Placement());
     return absl::OkStatus();
+  }
+
+  double Evaluate(const torch::Tensor& inputs, const torch::Tensor& targets) override {
+    GptImpl& gpt = *model_;
+    gpt.eval();
+    manager_->BeginEval();
+    auto train_again = absl::MakeCleanup([&] {
+      manager_->EndEval();
+      gpt.train();
+    });
+    torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
+    for (int64_t i = 0; i < gpt.block_count(); ++i) {
+      x = manager_->RunStage(static_cast<int>(1 + i), x, [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
+    }
+    double loss = manager_
+                      ->RunStage(static_cast<int>(gpt.block_count() + 1), x,
+                                 [&](const torch::Tensor& t) { return gpt.HeadLoss(t, targets); })
+                      .item<double>();
+    if (groups_.data != nullptr && groups_.data->size() > 1) {
+      at::Tensor sum = at::full({1}, loss, at::kDouble);
+      groups_.data->AllReduce(sum);
+      loss = sum.item<double>() / groups_.data->size();
+    }
+    return loss;
   }
 
   void Report(StepReport* report) override {
@@ -548,6 +583,52 @@ absl::Status Trainer::RunSteps() {
   const int64_t batch = options_.batch_size;
   const int64_t time = model_config_.seq_len;
   std::vector<int64_t> window_tokens;
+  // A data rank's rows of a global batch of windows, on the device: inputs
+  // and next-token targets.
+  auto rank_rows = [&](std::vector<int64_t>& windows) {
+    const int64_t rows = batch / data_ranks;
+    const int64_t first = (engine_.data != nullptr ? engine_.data->rank() : 0) * rows;
+    torch::Tensor w = torch::from_blob(windows.data(), {batch, time + 1}, torch::kLong)
+                          .narrow(0, first, rows)
+                          .to(device->compute_device(), /*non_blocking=*/false, /*copy=*/true);
+    return std::pair(w.slice(1, 0, time), w.slice(1, 1, time + 1));
+  };
+  // Evaluation: the same windows every time, drawn by the eval source from
+  // where it stood when training started.
+  std::string eval_start;
+  if (engine_.eval_data != nullptr) eval_start = engine_.eval_data->SavePosition();
+  std::vector<int64_t> eval_tokens;
+  auto evaluate = [&](int64_t steps_done) -> absl::StatusOr<StepReport::Eval> {
+    const Clock::time_point eval_start_time = Clock::now();
+    RETURN_IF_ERROR(engine_.eval_data->RestorePosition(eval_start));
+    double sum = 0;
+    for (int64_t b = 0; b < options_.eval_batches; ++b) {
+      engine_.eval_data->SampleWindows(batch, time + 1, &eval_tokens);
+      try {
+        auto [inputs, targets] = rank_rows(eval_tokens);
+        sum += engine->Evaluate(inputs, targets);
+      } catch (const c10::OutOfMemoryError& e) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("evaluation after step ", steps_done, ": out of device memory (",
+                         e.what_without_backtrace(), "); lower train.batch_size or raise memory.device_budget"));
+      }
+    }
+    StepReport::Eval eval;
+    eval.step = steps_done;
+    eval.loss = sum / static_cast<double>(std::max<int64_t>(1, options_.eval_batches));
+    eval.tokens = options_.eval_batches * batch * time;
+    eval.seconds = Seconds(eval_start_time, Clock::now());
+    observer_->OnLog(LogLevel::kInfo, absl::StrFormat("eval: loss %.4f (perplexity %.2f) %s, %d tokens in %.1f s",
+                                                      eval.loss, std::exp(eval.loss),
+                                                      steps_done == 0 ? std::string("before training")
+                                                                      : absl::StrCat("after step ", steps_done),
+                                                      eval.tokens, eval.seconds));
+    return eval;
+  };
+  std::optional<StepReport::Eval> initial_eval;
+  if (engine_.eval_data != nullptr && first_step == 0 && first_step < options_.steps) {
+    ASSIGN_OR_RETURN(initial_eval, evaluate(0));
+  }
   int64_t tokens_seen = first_step * batch * time;
   const Clock::time_point start = Clock::now();
 
@@ -577,14 +658,9 @@ absl::Status Trainer::RunSteps() {
     const double lr = LearningRate(step, options_);
     try {
       // Every rank sampled the same global batch; a data rank takes its rows.
-      const int64_t rows = batch / data_ranks;
-      const int64_t first = (engine_.data != nullptr ? engine_.data->rank() : 0) * rows;
-      torch::Tensor windows = torch::from_blob(window_tokens.data(), {batch, time + 1}, torch::kLong)
-                                  .narrow(0, first, rows)
-                                  .to(device->compute_device(), /*non_blocking=*/false, /*copy=*/true);
+      auto [inputs, targets] = rank_rows(window_tokens);
       data_end = Clock::now();
-      RETURN_IF_ERROR(engine->Step(windows.slice(1, 0, time), windows.slice(1, 1, time + 1), lr,
-                                   &loss_value, &grad_norm));
+      RETURN_IF_ERROR(engine->Step(inputs, targets, lr, &loss_value, &grad_norm));
     } catch (const c10::OutOfMemoryError& e) {
       return absl::ResourceExhaustedError(
           absl::StrCat("step ", step + 1, ": ", engine->ExplainOutOfMemory(e.what_without_backtrace())));
@@ -615,6 +691,13 @@ absl::Status Trainer::RunSteps() {
     report.capacity = {{"device", "", device->capacity_bytes()},
                        {"host", "", host_budget > 0 ? host_budget : HostMemoryTotalBytes()}};
     if (report.memory_stats.disk_chunks > 0) report.capacity.push_back({"disk", "", engine_.memory->disk_budget_bytes});
+    if (engine_.eval_data != nullptr &&
+        (step + 1 == options_.steps ||
+         (options_.eval_every_steps > 0 && (step + 1) % options_.eval_every_steps == 0))) {
+      ASSIGN_OR_RETURN(report.eval, evaluate(step + 1));
+    }
+    report.initial_eval = std::move(initial_eval);
+    initial_eval.reset();
     observer_->OnStep(report);
     if (engine_.on_checkpoint && engine_.checkpoint_every_steps > 0 &&
         ((step + 1) % engine_.checkpoint_every_steps == 0 || step + 1 == options_.steps)) {

@@ -53,6 +53,10 @@ struct EngineOptions {
   // model is built instead of drawing initial values (gpt2_import.h); each
   // tensor-parallel rank keeps its part. A resume's checkpoint wins over it.
   std::string init_from;
+  // Held-out data to evaluate on (TrainOptions::eval_every_steps), or null
+  // for none. Each evaluation restores the position it had when training
+  // started, so that every one sees the same windows. Must outlive Run().
+  TokenSource* eval_data = nullptr;
   int64_t checkpoint_every_steps = 0;
   std::function<absl::Status(CheckpointContents contents, double snapshot_seconds)> on_checkpoint;
 };

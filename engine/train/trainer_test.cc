@@ -728,5 +728,96 @@ TEST(TrainerTest, Bf16Gpt2SmallTrainsOnA256MiBDevice) {
   }
 }
 
+std::unique_ptr<TrainRun> TrainWithEval(GptConfig model, TrainOptions train, uint64_t capacity,
+                                        std::optional<MemoryOptions> memory, TokenSource* eval) {
+  auto run = std::make_unique<TrainRun>();
+  SimulatedDevice device(capacity);
+  EngineOptions engine;
+  engine.device = &device;
+  engine.memory = memory;
+  engine.eval_data = eval;
+  run->status = Trainer(model, train, engine, Chain(1), &run->observer).Run();
+  return run;
+}
+
+// Evaluation runs on the steps it should, on the same windows every time,
+// through the chunks as they move (a tight device), and leaves training as
+// it was: the same losses and weights bit for bit, dropout included.
+TEST(TrainerTest, EvaluationSeesTheSameWindowsAndLeavesTrainingAlone) {
+  GptConfig model = SixLayers();
+  model.dropout = 0.1;
+  auto ample = Train(model, Small(6), kAmple, MemoryOptions());
+  ASSERT_TRUE(ample->status.ok()) << ample->status;
+  const uint64_t tight = PlannedNeed(ample->observer.placement, false) * 6 / 5;
+  for (const std::optional<MemoryOptions>& memory : {std::optional<MemoryOptions>(MemoryOptions()),
+                                                     std::optional<MemoryOptions>()}) {
+    SCOPED_TRACE(memory.has_value() ? "chunks on a tight device" : "plain loop");
+    const uint64_t capacity = memory.has_value() ? tight : kAmple;
+    TrainOptions o = Small(6);
+    o.eval_every_steps = 2;
+    o.eval_batches = 2;
+    auto without = Train(model, o, capacity, memory);
+    std::unique_ptr<TokenSource> eval = Chain(7);
+    auto with = TrainWithEval(model, o, capacity, memory, eval.get());
+    ASSERT_TRUE(without->status.ok() && with->status.ok()) << without->status << with->status;
+    EXPECT_EQ(with->observer.Losses(), without->observer.Losses());
+    std::vector<double> norms_with, norms_without;
+    for (const StepReport& r : with->observer.reports) norms_with.push_back(r.grad_norm);
+    for (const StepReport& r : without->observer.reports) norms_without.push_back(r.grad_norm);
+    EXPECT_EQ(norms_with, norms_without);
+    const auto& reports = with->observer.reports;
+    ASSERT_EQ(reports.size(), 6u);
+    ASSERT_TRUE(reports[0].initial_eval.has_value());
+    EXPECT_EQ(reports[0].initial_eval->step, 0);
+    for (size_t s = 0; s < 6; ++s) {
+      EXPECT_FALSE(without->observer.reports[s].eval.has_value());
+      if (s > 0) {
+        EXPECT_FALSE(reports[s].initial_eval.has_value());
+      }
+      ASSERT_EQ(reports[s].eval.has_value(), (s + 1) % 2 == 0) << "step " << s + 1;
+      if (!reports[s].eval.has_value()) continue;
+      EXPECT_EQ(reports[s].eval->step, int64_t(s + 1));
+      EXPECT_EQ(reports[s].eval->tokens, 2 * 2 * model.seq_len);
+      EXPECT_TRUE(std::isfinite(reports[s].eval->loss));
+      // The chain is learnt: held-out loss falls as training loss does.
+      EXPECT_LT(reports[s].eval->loss, reports[0].initial_eval->loss) << "step " << s + 1;
+    }
+    EXPECT_TRUE(with->observer.Logged("eval: loss"));
+    if (memory.has_value()) {
+      uint64_t moved = 0;
+      for (const StepReport& r : reports) moved += r.memory_stats.host_to_device_bytes;
+      EXPECT_GT(moved, 0u) << "chunks must move on the tight device";
+    }
+  }
+}
+
+// With nothing updated (lr 0), every evaluation sees the same windows and
+// the same weights, so gives the same loss bit for bit; and without dropout
+// the first evaluation, on the training data's own first windows, is the
+// first step's training loss.
+TEST(TrainerTest, EvaluationRepeatsItsWindowsAndMatchesTheTrainingLoss) {
+  TrainOptions o = Small(4);
+  o.lr = 0;
+  o.min_lr = 0;
+  o.eval_every_steps = 1;
+  o.eval_batches = 1;
+  for (const std::optional<MemoryOptions>& memory : {std::optional<MemoryOptions>(MemoryOptions()),
+                                                     std::optional<MemoryOptions>()}) {
+    SCOPED_TRACE(memory.has_value() ? "chunks" : "plain loop");
+    std::unique_ptr<TokenSource> eval = Chain(1);  // the training source's windows
+    auto run = TrainWithEval(SixLayers(), o, kAmple, memory, eval.get());
+    ASSERT_TRUE(run->status.ok()) << run->status;
+    const auto& reports = run->observer.reports;
+    ASSERT_EQ(reports.size(), 4u);
+    ASSERT_TRUE(reports[0].initial_eval.has_value());
+    const double first = reports[0].initial_eval->loss;
+    EXPECT_NEAR(first, reports[0].loss, 1e-6);
+    for (const StepReport& r : reports) {
+      ASSERT_TRUE(r.eval.has_value()) << "step " << r.step;
+      EXPECT_EQ(r.eval->loss, first) << "step " << r.step;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferry

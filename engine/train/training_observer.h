@@ -4,6 +4,7 @@
 // benchmark). Engine-side types only: no protobuf.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,20 @@ struct StepReport {
   double loss_scale = 1.0;
   bool skipped = false;
   int64_t skipped_steps = 0;
+  // After the steps that evaluate (TrainOptions::eval_every_steps, and the
+  // last): the mean loss per token over the eval batches, the tokens they
+  // hold, and the time evaluation took (not part of step_seconds).
+  struct Eval {
+    // Steps done when measured: 0 before the first update.
+    int64_t step = 0;
+    double loss = 0;
+    int64_t tokens = 0;
+    double seconds = 0;
+  };
+  std::optional<Eval> eval;
+  // On the first step of a run that did not resume: the evaluation before
+  // any update.
+  std::optional<Eval> initial_eval;
   // Transformer blocks that recomputed their activations in this step.
   std::vector<int> recomputed_blocks;
   // Where the step's time went: sampling and moving the batch, the forward
