@@ -74,6 +74,11 @@ def initial_weights(a):
     return w
 
 
+def gelu_tanh(x):
+    """GELU, tanh approximation, written out as GPT-2's gelu_new is."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
 def forward_loss(w, tokens, a):
     """Mean cross-entropy of next-token prediction over the batch [B, T+1]."""
     x_tokens, targets = tokens[:, :-1], tokens[:, 1:]
@@ -96,8 +101,7 @@ def forward_loss(w, tokens, a):
         x = x + y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
         h = F.layer_norm(x, (H,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
         h = h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]
-        # GELU, tanh approximation, written out as GPT-2's gelu_new is.
-        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h.pow(3))))
+        h = gelu_tanh(h)
         x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
     x = F.layer_norm(x, (H,), w["ln_f.weight"], w["ln_f.bias"], eps)
     logits = x @ w["wte.weight"].t()  # the output layer is wte
@@ -145,6 +149,8 @@ def main():
         sys.exit(f"--hidden {a.hidden} does not split into --heads {a.heads}")
     os.makedirs(a.outdir, exist_ok=True)
     torch.set_num_threads(1)
+    x = torch.linspace(-6, 6, 241, dtype=torch.float64)
+    assert torch.allclose(gelu_tanh(x), F.gelu(x, approximate="tanh"), rtol=0, atol=1e-12), "gelu_tanh"
 
     initial = initial_weights(a)
     write_safetensors(os.path.join(a.outdir, "model.safetensors"), initial)

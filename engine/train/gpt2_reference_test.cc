@@ -4,8 +4,9 @@
 // with torch.optim.AdamW on one fixed batch; Ferry starts from that file
 // (model.init_from) and must give the same losses, gradient norms and final
 // weights -- with the chunked engine on a device too small to keep the
-// model (chunks move every step), with the plain loop, and in bf16 within
-// the tolerance bf16's rounding allows.
+// model (chunks move every step), with the plain loop, with two
+// tensor-parallel ranks, and in bf16 within the tolerance bf16's rounding
+// allows.
 
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,6 +30,7 @@
 #include "engine/data/token_file_source.h"
 #include "engine/memory/simulated_device.h"
 #include "engine/model/gpt_config.h"
+#include "engine/parallel/communicator.h"
 #include "engine/train/gpt2_export.h"
 #include "engine/train/trainer.h"
 
@@ -141,36 +144,82 @@ MemoryOptions Streamed() {
   return m;
 }
 
-Trained Train(const std::string& init_from, const TrainOptions& options, std::optional<MemoryOptions> memory,
-              uint64_t device_bytes = uint64_t{1} << 30) {
-  Trained run;
-  const Reference& reference = TheReference();
+// One rank's training from `init_from`: its reports, and with chunks its
+// checkpoint after the last step. `tensor` and `data` are null for a
+// single rank.
+absl::Status TrainRank(const std::string& init_from, const TrainOptions& options,
+                       const std::optional<MemoryOptions>& memory, MemoryDevice* device, Communicator* tensor,
+                       Communicator* data_group, std::vector<StepReport>* reports,
+                       std::optional<CheckpointContents>* last) {
   absl::StatusOr<std::unique_ptr<TokenFileSource>> data =
-      TokenFileSource::Open(reference.dir + "/tokens.bin", Model().vocab_size, Model().seq_len + 1, 1);
-  if (!data.ok()) {
-    run.status = data.status();
-    return run;
-  }
+      TokenFileSource::Open(TheReference().dir + "/tokens.bin", Model().vocab_size, Model().seq_len + 1, 1);
+  if (!data.ok()) return data.status();
   EXPECT_EQ((*data)->token_count(), Model().seq_len + 1) << "one window: every row of every batch is it";
-  SimulatedDevice device(device_bytes);
   EngineOptions engine;
-  engine.device = &device;
+  engine.device = device;
   engine.memory = memory;
+  engine.tensor = tensor;
+  engine.data = data_group;
   engine.init_from = init_from;
-  std::optional<CheckpointContents> last;
   if (memory.has_value()) {
     engine.checkpoint_every_steps = options.steps;
-    engine.on_checkpoint = [&last](CheckpointContents c, double) {
-      last = std::move(c);
+    engine.on_checkpoint = [last](CheckpointContents c, double) {
+      *last = std::move(c);
       return absl::OkStatus();
     };
   }
   Recording observer;
-  run.status = Trainer(Model(), options, engine, std::move(*data), &observer).Run();
-  run.reports = observer.reports;
-  if (!run.status.ok() || !last.has_value()) return run;
+  const absl::Status status = Trainer(Model(), options, engine, std::move(*data), &observer).Run();
+  *reports = observer.reports;
+  return status;
+}
+
+// Trains from `init_from` with `tensor_ranks` tensor-parallel ranks (as
+// threads; they need the chunks); rank 0's reports, and with chunks the
+// final weights.
+Trained Train(const std::string& init_from, const TrainOptions& options, std::optional<MemoryOptions> memory,
+              uint64_t device_bytes = uint64_t{1} << 30, int tensor_ranks = 1) {
+  Trained run;
+  SimulatedDevice device(device_bytes * static_cast<uint64_t>(tensor_ranks));
+  std::vector<std::optional<CheckpointContents>> last(static_cast<size_t>(tensor_ranks));
+  if (tensor_ranks == 1) {
+    run.status = TrainRank(init_from, options, memory, &device, nullptr, nullptr, &run.reports, &last[0]);
+  } else {
+    c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
+    std::vector<absl::Status> status(static_cast<size_t>(tensor_ranks));
+    std::vector<std::vector<StepReport>> reports(static_cast<size_t>(tensor_ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tensor_ranks; ++r) {
+      threads.emplace_back([&, r] {
+        const size_t i = static_cast<size_t>(r);
+        CommunicatorOptions comm;
+        comm.timeout = std::chrono::seconds(60);
+        absl::StatusOr<ParallelGroups> groups = JoinParallelGroups(store, r, tensor_ranks, 1, comm);
+        if (!groups.ok()) {
+          status[i] = groups.status();
+          return;
+        }
+        status[i] = TrainRank(init_from, options, memory, &device, groups->tensor.get(), groups->data.get(),
+                              &reports[i], &last[i]);
+        const absl::Status finished = FinishParallelGroups(*groups);
+        if (status[i].ok()) status[i] = finished;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) run.status.Update(s);
+    run.reports = reports[0];
+  }
+  if (!run.status.ok() || !memory.has_value()) return run;
+  std::vector<const CheckpointContents*> checkpoints;
+  for (const std::optional<CheckpointContents>& c : last) {
+    if (!c.has_value()) {
+      run.status = absl::InternalError("a rank wrote no checkpoint");
+      return run;
+    }
+    checkpoints.push_back(&*c);
+  }
   absl::StatusOr<std::vector<SafetensorsTensor>> exported =
-      ExportGpt2Weights(Model(), options, *memory, {&*last}, &device);
+      ExportGpt2Weights(Model(), options, *memory, checkpoints, &device);
   if (!exported.ok()) {
     run.status = exported.status();
     return run;
@@ -352,6 +401,21 @@ TEST(Gpt2ReferenceTest, ChunkedBf16TracksThePyTorchReference) {
     std::cout << "bf16 chunked (" << (native ? "bf16" : "fp32") << " products): " << Describe(run, d) << "\n";
     EXPECT_LT(d.relative, 0.3) << d.relative_at;
   }
+}
+
+// Two tensor-parallel ranks, each reading its half of the file's tensors
+// (c_attn's heads, c_fc's columns, c_proj's rows, wte's rows): the same
+// training.
+TEST(Gpt2ReferenceTest, TensorParallelTrainsAsThePyTorchReference) {
+  const Trained run = Train(TheReference().dir + "/model.safetensors", Options(TrainOptions::Precision::kFp32),
+                            Streamed(), uint64_t{1} << 20, /*tensor_ranks=*/2);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ExpectReferenceLosses(run, 1e-4, 1e-3);
+  ExpectReferenceGradNorms(run, 1e-4);
+  const WeightDifference d = CompareWeights(run.weights);
+  std::cout << "fp32, two tensor ranks: " << Describe(run, d) << "\n";
+  EXPECT_LT(d.relative, 1e-3) << d.relative_at;
+  EXPECT_LT(d.worst, 1e-3) << d.worst_at;
 }
 
 // The comparison sees a weight read in the wrong layout: the same file with
