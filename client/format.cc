@@ -40,6 +40,7 @@ std::string ProgressLine(const ferry::v1::Progress& p) {
   std::string line = absl::StrFormat("step %d/%d  loss %.4f  %s tok/s  %.3f s/step", p.step(),
                                      p.total_steps(), p.loss(), FormatCount(p.tokens_per_second()),
                                      p.step_seconds());
+  if (p.has_eval()) absl::StrAppendFormat(&line, "  eval %.4f (ppl %.2f)", p.eval().loss(), p.eval().perplexity());
   if (p.loss_scale() > 1) absl::StrAppend(&line, "  scale ", FormatCount(p.loss_scale()));
   if (p.skipped_steps() > 0) absl::StrAppend(&line, "  skipped ", p.skipped_steps());
   if (p.step() > 0 && p.total_steps() > p.step()) {
@@ -79,6 +80,17 @@ std::string ShortEnum(ferry::v1::RecomputeMode mode) {
 std::string TimeText(const google::protobuf::Timestamp& t) {
   if (t.seconds() == 0) return "-";
   return absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", FromProtoTime(t), absl::LocalTimeZone());
+}
+
+// "2.3456 (perplexity 10.44) at step 200, 3.1000 (22.20) before training".
+std::string EvalText(const ferry::v1::Job& job) {
+  const ferry::v1::Eval& e = job.last_eval();
+  std::string text = absl::StrFormat("%.4f (perplexity %.2f) at step %d", e.loss(), e.perplexity(), e.step());
+  if (job.has_initial_eval() && e.step() > 0) {
+    absl::StrAppendFormat(&text, ", %.4f (%.2f) before training", job.initial_eval().loss(),
+                          job.initial_eval().perplexity());
+  }
+  return text;
 }
 
 }  // namespace
@@ -151,6 +163,7 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
                       ? absl::StrFormat("%.4f at step 1, %.4f at step %d", job.initial_loss(),
                                         p.loss(), p.step())
                       : absl::StrFormat("%.4f", p.loss()));
+    if (job.has_last_eval()) field("eval", EvalText(job));
     if (p.recomputed_blocks_size() > 0) {
       field("recompute", absl::StrCat(BlockList(p.recomputed_blocks()), " of ", m.layers(), " blocks (",
                                       ShortEnum(spec.memory().recompute()), ")"));
@@ -360,6 +373,7 @@ std::string TopFrame(const ferry::v1::Job& job, const ferry::v1::MemoryPlacement
   absl::StrAppendFormat(&out, "loss %.4f%s  lr %.3g  grad norm %.3g  %.0f tok/s  %.3f s/step\n", p.loss(),
                         job.has_initial_loss() ? absl::StrFormat(" (first %.4f)", job.initial_loss()) : "", p.lr(),
                         p.grad_norm(), p.tokens_per_second(), p.step_seconds());
+  if (job.has_last_eval()) absl::StrAppend(&out, "eval loss ", EvalText(job), "\n");
   if (p.achieved_flops() > 0) {
     absl::StrAppend(&out, "compute ", FormatFlops(p.achieved_flops()), " (6 x parameters x tokens a second)");
     double rate = 0;

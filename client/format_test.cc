@@ -31,6 +31,9 @@ TEST(FormatTest, ProgressLineHasStepLossThroughputAndEta) {
   p.set_loss_scale(65536);
   p.set_skipped_steps(3);
   EXPECT_NE(ProgressLine(p).find("scale 65.5k  skipped 3"), std::string::npos) << ProgressLine(p);
+  p.mutable_eval()->set_loss(2.5);
+  p.mutable_eval()->set_perplexity(12.18);
+  EXPECT_NE(ProgressLine(p).find("s/step  eval 2.5000 (ppl 12.18)  scale"), std::string::npos) << ProgressLine(p);
 }
 
 TEST(FormatTest, TableAlignsColumns) {
@@ -232,6 +235,19 @@ TEST(FormatTest, TopFrameShowsProgressMemoryMovesAndTime) {
       << frame;
   EXPECT_EQ(frame.find("disk"), std::string::npos) << "no disk tier, no disk figures: " << frame;
   EXPECT_EQ(frame.find("FLOP/s"), std::string::npos) << "no rate measured, none shown: " << frame;
+  EXPECT_EQ(frame.find("eval"), std::string::npos) << "no eval data, no eval loss: " << frame;
+  job.mutable_initial_eval()->set_loss(5.25);
+  job.mutable_initial_eval()->set_perplexity(190.57);
+  job.mutable_last_eval()->set_step(40);
+  job.mutable_last_eval()->set_loss(2.5);
+  job.mutable_last_eval()->set_perplexity(12.18);
+  EXPECT_NE(TopFrame(job, nullptr, 80).find("eval loss 2.5000 (perplexity 12.18) at step 40, 5.2500 (190.57) before training\n"),
+            std::string::npos)
+      << TopFrame(job, nullptr, 80);
+  EXPECT_NE(JobDetails(job, absl::Now()).find("eval:        2.5000 (perplexity 12.18) at step 40"), std::string::npos)
+      << JobDetails(job, absl::Now());
+  job.clear_initial_eval();
+  job.clear_last_eval();
 
   // The achieved rate, beside the device's for the job's precision: bf16
   // where the device multiplies bf16 faster, fp32 otherwise.

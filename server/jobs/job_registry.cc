@@ -329,9 +329,13 @@ void JobRegistry::RecordProgress(const std::string& id, const ferry::v1::Progres
   const uint64_t previous_tokens = record->job.progress().tokens();
   *record->job.mutable_progress() = progress;
   if (!record->job.has_initial_loss()) record->job.set_initial_loss(progress.loss());
+  if (progress.has_initial_eval()) *record->job.mutable_initial_eval() = progress.initial_eval();
+  if (progress.has_eval()) *record->job.mutable_last_eval() = progress.eval();
   const absl::Time now = absl::Now();
   record->progress_event_pending = true;
-  if (now - record->progress_event_time >= options_.progress_event_interval) {
+  // A step that evaluated is never folded into a later one's event.
+  if (progress.has_eval() || progress.has_initial_eval() ||
+      now - record->progress_event_time >= options_.progress_event_interval) {
     FlushProgressEvent(*record);
     record->progress_event_time = now;
   }

@@ -308,6 +308,38 @@ TEST(JobRegistryTest, ProgressEventsArePacedAndTheLastOneIsNeverLost) {
   EXPECT_TRUE(events[events.size() - 2].has_progress());
 }
 
+// A step that evaluated always gets its own event, and the job keeps the
+// evaluation before training and the newest one.
+TEST(JobRegistryTest, EvaluationsAreNeverPacedAwayAndTheJobKeepsThem) {
+  JobRegistryOptions options;
+  options.progress_event_interval = absl::Hours(1);
+  JobRegistry registry(options, nullptr);
+  const std::string id = registry.Submit(Spec("a"), Spec("a"), "")->id();
+  registry.TakeNext(absl::ZeroDuration());
+  for (uint64_t step = 1; step <= 6; ++step) {
+    ferry::v1::Progress p;
+    p.set_step(step);
+    if (step == 1) p.mutable_initial_eval()->set_loss(4.0);
+    if (step % 3 == 0) {
+      p.mutable_eval()->set_step(step);
+      p.mutable_eval()->set_loss(4.0 - step * 0.5);
+    }
+    registry.RecordProgress(id, p);
+  }
+  const Job job = *registry.Get(id);
+  EXPECT_DOUBLE_EQ(job.initial_eval().loss(), 4.0);
+  EXPECT_EQ(job.last_eval().step(), 6u);
+  EXPECT_DOUBLE_EQ(job.last_eval().loss(), 1.0);
+  registry.Finish(id, ferry::v1::JOB_STATE_SUCCEEDED, "");
+  std::vector<ferry::v1::JobEvent> events;
+  ASSERT_TRUE(registry.StartWatch(id, 0).value()->events().ReadAfter(0, 100, &events).ok());
+  std::vector<uint64_t> evals;
+  for (const auto& e : events) {
+    if (e.has_progress() && e.progress().has_eval()) evals.push_back(e.progress().eval().step());
+  }
+  EXPECT_EQ(evals, (std::vector<uint64_t>{3, 6}));
+}
+
 TEST(JobRunnerTest, AFailedRunIsRestartedUpToMaxRestarts) {
   JobRegistry registry({}, nullptr);
   FakeExecutor executor;

@@ -58,6 +58,11 @@ DaemonMetrics::DaemonMetrics(const std::string& version, const std::string& torc
                 .Help("Training loss of the latest step, in nats per token.")
                 .Register(*registry_)
                 .Add({})),
+      eval_loss_(prometheus::BuildGauge()
+                     .Name("ferry_eval_loss")
+                     .Help("Loss on held-out data (data.eval) at the latest evaluation, in nats per token.")
+                     .Register(*registry_)
+                     .Add({})),
       learning_rate_(prometheus::BuildGauge()
                          .Name("ferry_learning_rate")
                          .Help("Learning rate of the latest step.")
@@ -296,6 +301,11 @@ void DaemonMetrics::OnProgress(const ferry::v1::Progress& progress, uint64_t new
   last_progress_time_.Set(UnixSeconds());
   tokens_.Increment(static_cast<double>(new_tokens));
   loss_.Set(progress.loss());
+  if (progress.has_eval()) {
+    eval_loss_.Set(progress.eval().loss());
+  } else if (progress.has_initial_eval()) {
+    eval_loss_.Set(progress.initial_eval().loss());
+  }
   loss_scale_.Set(progress.loss_scale() > 0 ? progress.loss_scale() : 1.0);
   if (progress.skipped()) skipped_steps_.Increment();
   learning_rate_.Set(progress.lr());

@@ -50,6 +50,7 @@ class DaemonMetrics : public JobListener {
   prometheus::Counter& steps_;
   prometheus::Counter& tokens_;
   prometheus::Gauge& loss_;
+  prometheus::Gauge& eval_loss_;
   prometheus::Gauge& learning_rate_;
   prometheus::Gauge& tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& memory_;

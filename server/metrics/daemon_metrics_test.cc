@@ -67,8 +67,10 @@ TEST(DaemonMetricsTest, ProgressFeedsStepTokensLossAndMemory) {
   p.set_disk_chunks(2);
   p.mutable_step_times()->set_disk_seconds(0.125);
   metrics.OnProgress(p, 1000);
+  p.mutable_eval()->set_loss(2.75);
   metrics.OnProgress(p, 24);
   const std::string text = Scrape(metrics);
+  EXPECT_TRUE(Has(text, "ferry_eval_loss 2.75")) << text;
   EXPECT_TRUE(Has(text, "ferry_tokens_total 1024")) << text;
   EXPECT_TRUE(Has(text, "ferry_steps_total 2")) << text;
   EXPECT_TRUE(Has(text, "ferry_loss 2.5")) << text;

@@ -66,6 +66,10 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
     train->set_cpu_bf16_matmul(ferry::v1::CPU_BF16_MATMUL_AUTO);
   }
   if (!train->has_overlap_optimizer()) train->set_overlap_optimizer(true);
+  if (train->eval_every_steps() == 0 && out.data().has_eval()) {
+    train->set_eval_every_steps(std::max<uint64_t>(1, train->steps() / 10));
+  }
+  if (train->eval_batches() == 0) train->set_eval_batches(4);
   if (!train->has_beta1()) train->set_beta1(0.9);
   if (!train->has_beta2()) train->set_beta2(0.95);
   if (!train->has_eps()) train->set_eps(1e-8);
@@ -153,6 +157,8 @@ TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
       o.precision = TrainOptions::Precision::kFp32;
   }
   o.overlap_optimizer = train.overlap_optimizer();
+  o.eval_every_steps = static_cast<int64_t>(train.eval_every_steps());
+  o.eval_batches = train.eval_batches();
   o.loss_scale = train.loss_scale();
   o.loss_scale_growth_interval = train.loss_scale_growth_interval();
   switch (train.cpu_bf16_matmul()) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -104,8 +105,12 @@ class Reporter : public TrainingObserver {
         std::printf("step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  %.3f s/step\n",
                     static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
                     r.lr, r.tokens_per_second, r.step_seconds);
-        std::fflush(stdout);
       }
+      if (r.eval.has_value()) {
+        std::printf("step %lld/%lld  eval loss %.4f  perplexity %.2f\n", static_cast<long long>(r.step),
+                    static_cast<long long>(r.total_steps), r.eval->loss, std::exp(r.eval->loss));
+      }
+      std::fflush(stdout);
       return;
     }
     if (quiet_) return;  // rank 0 reports the job's progress
@@ -162,10 +167,20 @@ class Reporter : public TrainingObserver {
     times->set_optimizer_seconds(r.times.optimizer);
     times->set_transfer_seconds(r.times.transfers);
     times->set_disk_seconds(r.times.disk);
+    if (r.eval.has_value()) SetEval(*r.eval, p->mutable_eval());
+    if (r.initial_eval.has_value()) SetEval(*r.initial_eval, p->mutable_initial_eval());
     last_step_ = static_cast<uint64_t>(r.step);
     final_step_ = r.step == r.total_steps;
     Send(report);
     if (final_step_ && pending_placement_) SendPlacement();
+  }
+
+  static void SetEval(const StepReport::Eval& e, ferry::v1::Eval* out) {
+    out->set_step(static_cast<uint64_t>(e.step));
+    out->set_loss(e.loss);
+    out->set_perplexity(std::exp(e.loss));
+    out->set_tokens(static_cast<uint64_t>(e.tokens));
+    out->set_seconds(e.seconds);
   }
 
   // Placement goes to the daemon at most once a second, and after the last
