@@ -11,6 +11,7 @@
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/data/token_file_source.h"
+#include "engine/data/token_file_writer.h"
 
 namespace ferry {
 namespace {
@@ -34,25 +35,33 @@ TEST(ByteTokenizerTest, RoundTripsEveryByte) {
   EXPECT_EQ(DecodeBytes(tokens), text);
 }
 
-TEST(ByteTokenizerTest, PrepareConcatenatesFilesAsLittleEndianUint16) {
+TEST(ByteTokenizerTest, PrepareConcatenatesFilesAsLittleEndianUint16AfterTheHeader) {
   const std::string a = TempPath("a.txt"), b = TempPath("b.txt"), out = TempPath("tok.bin");
   WriteFile(a, "hi");
   WriteFile(b, "\xff!");
   std::vector<std::string> seen;
-  absl::StatusOr<PrepareStats> stats =
-      PrepareTokenFile({a, b}, out, [&](const std::string& f, int64_t) { seen.push_back(f); });
+  ByteTokenizer tokenizer;
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile(
+      {a, b}, out, tokenizer, [&](const std::string& f, bool done, const PrepareStats&) {
+        if (done) seen.push_back(f);
+      });
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->files, 2);
   EXPECT_EQ(stats->tokens, 4);
   EXPECT_EQ(seen.size(), 2u);
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(out);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tokenizer.kind, "byte");
+  EXPECT_EQ(info->token_count, 4);
   std::ifstream in(out, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(bytes, std::string("h\0i\0\xff\0!\0", 8));
+  EXPECT_EQ(bytes.substr(info->data_offset), std::string("h\0i\0\xff\0!\0", 8));
 }
 
 TEST(ByteTokenizerTest, MissingInputLeavesNoOutput) {
   const std::string out = TempPath("never.bin");
-  absl::StatusOr<PrepareStats> stats = PrepareTokenFile({TempPath("missing.txt")}, out);
+  ByteTokenizer tokenizer;
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile({TempPath("missing.txt")}, out, tokenizer);
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(std::ifstream(out).good());
 }
