@@ -1,6 +1,7 @@
 #pragma once
 
-// Debian's libsentencepiece behind standard types only. Its headers declare
+// Debian's libsentencepiece behind standard types only, loaded privately at
+// run time (sentencepiece_c.cc says why). Its headers declare
 // `namespace absl { using std::string_view; }`, which clashes with Debian's
 // Abseil (absl::string_view is a class there), so only
 // sentencepiece_shim.cc includes them and no Abseil header may be included
