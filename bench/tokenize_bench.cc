@@ -7,7 +7,7 @@
 // GPT-2's layout of vocab.json and merges.txt). SentencePiece models are
 // trained on the corpus with `--sp_vocab` pieces.
 //
-//   bazel run //bench:tokenize [-- --merges=5000 --sp_vocab=8000]
+//   bazel run //bench:tokenize [-- --merges=3000 --sp_vocab=2000]
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -35,8 +35,8 @@
 #include "engine/data/tokenizer_loader.h"
 
 ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text files to tokenise.");
-ABSL_FLAG(int, merges, 5000, "BPE merges to learn for the gpt2 tokenizer.");
-ABSL_FLAG(int, sp_vocab, 8000, "Pieces in the SentencePiece models.");
+ABSL_FLAG(int, merges, 3000, "BPE merges to learn for the gpt2 tokenizer.");
+ABSL_FLAG(int, sp_vocab, 2000, "Pieces in the SentencePiece models.");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/tokenize.json).");
 
 namespace ferry {
