@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -265,6 +266,25 @@ TEST_F(Gpt2TokenizerTest, ALongPieceIsMergedInTime) {
   std::vector<uint32_t> ids = tokenizer_->Encode(text);
   EXPECT_LT(ids.size(), text.size());
   EXPECT_EQ(*tokenizer_->Decode(ids), text);
+}
+
+TEST_F(Gpt2TokenizerTest, LongRunsOfSpacesSplitAsGpt2Does) {
+  // A megabyte of white space before a word: all but the last character,
+  // then " a" (only a plain space joins the word), as `\s+(?!\S)` backs off.
+  for (const char* space : {" ", "\n", "\xe3\x80\x80"}) {
+    std::string run;
+    while (run.size() < (1 << 20)) run += space;
+    std::vector<absl::string_view> pieces = tokenizer_->PreTokenize(run + "a");
+    const bool joins = std::string(space) == " ";
+    ASSERT_EQ(pieces.size(), joins ? 2u : 3u) << "space " << space;
+    EXPECT_EQ(pieces[0].size(), run.size() - std::strlen(space));
+    if (joins) {
+      EXPECT_EQ(pieces[1], " a");
+    } else {
+      EXPECT_EQ(pieces[1], space);
+      EXPECT_EQ(pieces[2], "a");
+    }
+  }
 }
 
 TEST(Gpt2TokenizerFilesTest, MalformedFilesAreRefusedNamingTheFile) {
