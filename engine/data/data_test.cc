@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -87,6 +88,32 @@ TEST(TokenFileSourceTest, WindowsAreContiguousSlicesOfTheFile) {
     for (int j = 1; j < 9; ++j) EXPECT_EQ(tokens[row * 9 + j], tokens[row * 9] + j);
   }
   EXPECT_GT(starts.size(), 8u) << "window starts should vary";
+}
+
+// A held-out split: the two parts' windows never share a token, and both
+// parts are drawn from throughout.
+TEST(TokenFileSourceTest, RestrictedWindowsStayInTheirRange) {
+  const std::string path = TempPath("split.bin");
+  std::string bytes;
+  for (int i = 0; i < 1000; ++i) {
+    bytes.push_back(static_cast<char>(i & 0xff));
+    bytes.push_back(static_cast<char>(i >> 8));
+  }
+  WriteFile(path, bytes);
+  auto train = TokenFileSource::Open(path, 1000, 9, 3);
+  auto held_out = TokenFileSource::Open(path, 1000, 9, 3);
+  ASSERT_TRUE(train.ok() && held_out.ok());
+  ASSERT_TRUE((*train)->Restrict(0, 900, 9).ok());
+  ASSERT_TRUE((*held_out)->Restrict(900, 1000, 9).ok());
+  std::vector<int64_t> tokens;
+  (*train)->SampleWindows(2000, 9, &tokens);
+  EXPECT_EQ(*std::max_element(tokens.begin(), tokens.end()), 899);
+  EXPECT_EQ(*std::min_element(tokens.begin(), tokens.end()), 0);
+  (*held_out)->SampleWindows(2000, 9, &tokens);
+  EXPECT_EQ(*std::min_element(tokens.begin(), tokens.end()), 900);
+  EXPECT_EQ(*std::max_element(tokens.begin(), tokens.end()), 999);
+  EXPECT_FALSE((*held_out)->Restrict(995, 1000, 9).ok()) << "no room for a window";
+  EXPECT_FALSE((*held_out)->Restrict(900, 1001, 9).ok()) << "past the end";
 }
 
 TEST(TokenFileSourceTest, SameSeedSameWindows) {

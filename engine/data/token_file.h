@@ -78,4 +78,10 @@ absl::StatusOr<TokenFileInfo> ParseTokenFileHeader(absl::string_view head, uint6
 absl::StatusOr<TokenFileInfo> ReadTokenFileInfo(const std::string& path);
 absl::StatusOr<TokenFileInfo> ReadTokenFileInfo(int fd, const std::string& path);
 
+// The tokens a held-out fraction of `token_count` sets aside: the file's
+// last ones (data.eval.held_out_fraction); training keeps the rest.
+inline int64_t HeldOutTokens(int64_t token_count, double fraction) {
+  return static_cast<int64_t>(static_cast<double>(token_count) * fraction);
+}
+
 }  // namespace ferry

@@ -72,6 +72,7 @@ TokenFileSource::TokenFileSource(void* mapped, size_t mapped_bytes, TokenFileInf
       info_(std::move(info)),
       data_(static_cast<const unsigned char*>(mapped) + info_.data_offset),
       token_count_(info_.token_count),
+      end_(info_.token_count),
       rng_(seed) {}
 
 TokenFileSource::~TokenFileSource() { munmap(mapped_, mapped_bytes_); }
@@ -85,12 +86,22 @@ int64_t TokenFileSource::Token(int64_t i) const {
 
 void TokenFileSource::SampleWindows(int64_t count, int64_t window, std::vector<int64_t>* tokens) {
   tokens->resize(static_cast<size_t>(count * window));
-  std::uniform_int_distribution<int64_t> start_dist(0, token_count_ - window);
+  std::uniform_int_distribution<int64_t> start_dist(begin_, end_ - window);
   for (int64_t row = 0; row < count; ++row) {
     const int64_t start = start_dist(rng_);
     int64_t* out = tokens->data() + row * window;
     for (int64_t j = 0; j < window; ++j) out[j] = Token(start + j);
   }
+}
+
+absl::Status TokenFileSource::Restrict(int64_t begin, int64_t end, int64_t window) {
+  if (begin < 0 || end > token_count_ || end - begin < window) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens [", begin, ", ", end, ") of ", token_count_,
+                                                   " hold no window of ", window, " tokens"));
+  }
+  begin_ = begin;
+  end_ = end;
+  return absl::OkStatus();
 }
 
 }  // namespace ferry

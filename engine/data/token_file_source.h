@@ -37,6 +37,11 @@ class TokenFileSource : public TokenSource {
     return RestoreEnginePosition("file", position, &rng_);
   }
 
+  // Draws windows from tokens [begin, end) only (a held-out split: windows
+  // of one part never reach into the other). INVALID_ARGUMENT when the range
+  // is outside the file or holds fewer than `window` tokens.
+  absl::Status Restrict(int64_t begin, int64_t end, int64_t window);
+
   int64_t token_count() const { return token_count_; }
   const TokenFileInfo& info() const { return info_; }
 
@@ -50,6 +55,9 @@ class TokenFileSource : public TokenSource {
   // The first token.
   const unsigned char* data_;
   int64_t token_count_;
+  // Windows lie within [begin_, end_).
+  int64_t begin_ = 0;
+  int64_t end_;
   std::mt19937_64 rng_;
 };
 

@@ -158,9 +158,98 @@ bool CheckModel(Problems& p, const ferry::v1::ModelSpec& m) {
   return ok;
 }
 
+// A token file named by `field`: confined like every path, and where files
+// are checked, readable, of the model's vocabulary and at least one window
+// long. Its token count, or -1 when not known (unchecked or refused).
+int64_t CheckTokenFile(Problems& p, const std::string& field, const std::string& path, const JobSpec& spec,
+                       const MachineFacts& machine) {
+  const uint64_t window = uint64_t{spec.model().seq_len()} + 1;
+  if (path.empty()) {
+    p.Invalid(absl::StrCat(field, ": is empty; give a token file written by `ferry data prepare`"));
+    return -1;
+  }
+  const bool path_ok = CheckPath(p, field.c_str(), path, PathKind::kFile, machine);
+  if (!machine.check_files || !path_ok) return -1;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    p.Precondition(absl::StrCat(field, ": ", path,
+                                " does not exist on the daemon's machine; create it with "
+                                "`ferry data prepare TEXT_FILES -o ", path, "`"));
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    p.Precondition(absl::StrCat(field, ": ", path, " is not a regular file"));
+    return -1;
+  }
+  // The header, read as the worker will open the file.
+  absl::StatusOr<UniqueFd> fd = OpenConfinedFile(machine.allowed_roots, field, path);
+  if (!fd.ok()) {
+    p.Add(fd.status());
+    return -1;
+  }
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(fd->get(), path);
+  if (!info.ok()) {
+    p.Add(absl::Status(info.status().code(), absl::StrCat(field, ": ", info.status().message())));
+    return -1;
+  }
+  const uint32_t model_vocab = spec.model().vocab_size();
+  if (model_vocab > 0 && info->vocab_size > model_vocab) {
+    p.Invalid(absl::StrCat(field, ": ", path, " was tokenised (", info->tokenizer.kind, ") with a vocabulary of ",
+                           info->vocab_size, ", larger than model.vocab_size ", model_vocab,
+                           "; set model.vocab_size to at least ", info->vocab_size,
+                           ", or prepare the data with the model's tokenizer"));
+  }
+  if (static_cast<uint64_t>(info->token_count) < window) {
+    p.Precondition(absl::StrCat(field, ": ", path, " holds ", info->token_count,
+                                " tokens, fewer than one window of model.seq_len + 1 = ", window,
+                                "; use more data or a shorter seq_len"));
+    return -1;
+  }
+  return info->token_count;
+}
+
+void CheckEval(Problems& p, const JobSpec& spec, int64_t train_tokens, const MachineFacts& machine) {
+  const ferry::v1::EvalData& eval = spec.data().eval();
+  switch (eval.source_case()) {
+    case ferry::v1::EvalData::SOURCE_NOT_SET:
+      if (spec.data().has_eval()) {
+        p.Invalid("data.eval: set path (a token file) or held_out_fraction (a part of data.path)");
+      } else if (spec.train().eval_every_steps() > 0 && !spec.data().has_synthetic()) {
+        p.Invalid(absl::StrCat("train.eval_every_steps: ", spec.train().eval_every_steps(),
+                               " but there is no held-out data; set data.eval.path or "
+                               "data.eval.held_out_fraction"));
+      }
+      return;
+    case ferry::v1::EvalData::kPath:
+      CheckTokenFile(p, "data.eval.path", eval.path(), spec, machine);
+      return;
+    case ferry::v1::EvalData::kHeldOutFraction:
+      break;
+  }
+  const double fraction = eval.held_out_fraction();
+  if (!spec.data().has_path()) {
+    p.Invalid("data.eval.held_out_fraction: holds out part of data.path, and there is none; synthetic data "
+              "is evaluated on fresh sequences of its chain: remove data.eval and set train.eval_every_steps");
+    return;
+  }
+  if (!(fraction > 0 && fraction <= 0.5)) {
+    p.Invalid(absl::StrCat("data.eval.held_out_fraction: ", fraction, " must be above 0 and at most 0.5"));
+    return;
+  }
+  if (train_tokens < 0) return;
+  const int64_t window = int64_t{spec.model().seq_len()} + 1;
+  const int64_t held_out = HeldOutTokens(train_tokens, fraction);
+  if (held_out < window || train_tokens - held_out < window) {
+    p.Precondition(absl::StrCat("data.eval.held_out_fraction: ", fraction, " of data.path's ", train_tokens,
+                                " tokens leaves ", held_out, " held out and ", train_tokens - held_out,
+                                " for training; each part needs a window of model.seq_len + 1 = ", window,
+                                " tokens: use more data, another fraction or a shorter seq_len"));
+  }
+}
+
 void CheckData(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
   const ferry::v1::DataSpec& data = spec.data();
-  const uint64_t window = uint64_t{spec.model().seq_len()} + 1;
+  int64_t train_tokens = -1;
   switch (data.source_case()) {
     case ferry::v1::DataSpec::SOURCE_NOT_SET:
       p.Invalid("data: set path (a token file from `ferry data prepare`) or synthetic: {}");
@@ -173,56 +262,18 @@ void CheckData(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
                                " must be at least 1 and below model.vocab_size (",
                                spec.model().vocab_size(), ")"));
       }
-      return;
+      break;
     }
     case ferry::v1::DataSpec::kPath:
+      train_tokens = CheckTokenFile(p, "data.path", data.path(), spec, machine);
       break;
   }
-  const std::string& path = data.path();
-  if (path.empty()) {
-    p.Invalid("data.path: is empty; give a token file written by `ferry data prepare`");
-    return;
-  }
-  const bool path_ok = CheckPath(p, "data.path", path, PathKind::kFile, machine);
-  if (!machine.check_files || !path_ok) return;
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    p.Precondition(absl::StrCat("data.path: ", path,
-                                " does not exist on the daemon's machine; create it with "
-                                "`ferry data prepare TEXT_FILES -o ", path, "`"));
-    return;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    p.Precondition(absl::StrCat("data.path: ", path, " is not a regular file"));
-    return;
-  }
-  // The header, read as the worker will open the file.
-  absl::StatusOr<UniqueFd> fd = OpenConfinedFile(machine.allowed_roots, "data.path", path);
-  if (!fd.ok()) {
-    p.Add(fd.status());
-    return;
-  }
-  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(fd->get(), path);
-  if (!info.ok()) {
-    p.Add(absl::Status(info.status().code(), absl::StrCat("data.path: ", info.status().message())));
-    return;
-  }
-  const uint32_t model_vocab = spec.model().vocab_size();
-  if (model_vocab > 0 && info->vocab_size > model_vocab) {
-    p.Invalid(absl::StrCat("data.path: ", path, " was tokenised (", info->tokenizer.kind, ") with a vocabulary of ",
-                           info->vocab_size, ", larger than model.vocab_size ", model_vocab,
-                           "; set model.vocab_size to at least ", info->vocab_size,
-                           ", or prepare the data with the model's tokenizer"));
-  }
-  if (static_cast<uint64_t>(info->token_count) < window) {
-    p.Precondition(absl::StrCat("data.path: ", path, " holds ", info->token_count,
-                                " tokens, fewer than one window of model.seq_len + 1 = ", window,
-                                "; use more data or a shorter seq_len"));
-  }
+  CheckEval(p, spec, train_tokens, machine);
 }
 
 void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
   p.Range<uint64_t>("train.steps", t.steps(), 1, 1000000000);
+  p.Range<uint32_t>("train.eval_batches", t.eval_batches(), 1, 1000);
   p.Range<uint32_t>("train.batch_size", t.batch_size(), 1, 65536);
   if (!(t.lr() > 0 && t.lr() <= 10)) {
     p.Invalid(absl::StrCat("train.lr: ", t.lr(), " is out of range; use a value above 0, "
@@ -437,7 +488,7 @@ void CheckCheckpoint(Problems& p, const ferry::v1::CheckpointSpec& c, const Mach
 // the spec is never left unchecked: enum values this build knows (proto3
 // keeps any number a client sends, which the worker could not read back), and
 // paths the checks above do not know (fields marked `(ferry.v1.path)` other
-// than data.path, checkpoint.dir and memory.disk_dir), confined like them
+// than data.path, data.eval.path, checkpoint.dir and memory.disk_dir), confined like them
 // whatever they name.
 void CheckFieldsByType(Problems& p, const google::protobuf::Message& message, const std::string& prefix,
                        const MachineFacts& machine) {
@@ -468,7 +519,8 @@ void CheckFieldsByType(Problems& p, const google::protobuf::Message& message, co
         }
         break;
       case FieldDescriptor::CPPTYPE_STRING:
-        if (!f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "checkpoint.dir" ||
+        if (!f->options().GetExtension(ferry::v1::path) || name == "data.path" || name == "data.eval.path" ||
+            name == "checkpoint.dir" ||
             name == "memory.disk_dir") {
           break;
         }

@@ -529,6 +529,42 @@ TEST_F(AllowedRootsValidationTest, PathsInsideAreAccepted) {
   EXPECT_TRUE(Validate("data: {path: " + root_ + "/alias.bin}").ok());
 }
 
+TEST_F(AllowedRootsValidationTest, HeldOutDataIsCheckedLikeTrainingData) {
+  const std::string data = "model: {preset: gpt2-tiny, seq_len: 32}\ndata: {path: " + root_ + "/t.bin";
+  // 1000 tokens: a tenth held out leaves a window of 33 on either side.
+  EXPECT_TRUE(Validate(data + ", eval: {held_out_fraction: 0.1}}").ok()) << Validate(data + ", eval: {held_out_fraction: 0.1}}");
+  absl::Status s = Validate(data + ", eval: {held_out_fraction: 0.01}}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("data.eval.held_out_fraction: 0.01 of data.path's 1000 tokens leaves 10 held out"),
+            std::string::npos)
+      << s;
+  s = Validate(data + ", eval: {held_out_fraction: 0.7}}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("data.eval.held_out_fraction: 0.7 must be above 0 and at most 0.5"), std::string::npos) << s;
+  EXPECT_TRUE(Validate(data + ", eval: {path: " + root_ + "/t.bin}}").ok());
+  s = Validate(data + ", eval: {path: " + outside_ + "/t.bin}}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("data.eval.path: " + outside_ + "/t.bin is outside the allowed roots"), std::string::npos)
+      << s;
+  s = Validate(data + ", eval: {path: " + root_ + "/none.bin}}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("data.eval.path: " + root_ + "/none.bin does not exist"), std::string::npos) << s;
+  s = Validate(data + "}\ntrain: {eval_every_steps: 10}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("train.eval_every_steps: 10 but there is no held-out data"), std::string::npos) << s;
+  s = Validate("data: {synthetic: {}, eval: {held_out_fraction: 0.1}}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("synthetic data is evaluated on fresh sequences"), std::string::npos) << s;
+  EXPECT_TRUE(Validate("data: {synthetic: {}}\ntrain: {eval_every_steps: 10}").ok());
+  s = Validate("data: {synthetic: {}}\ntrain: {eval_batches: 5000}");
+  EXPECT_NE(s.message().find("train.eval_batches"), std::string::npos) << s;
+  // Defaults: with eval data, a tenth of the steps; four batches.
+  const ferry::v1::JobSpec spec = Resolved(data + ", eval: {held_out_fraction: 0.1}}\ntrain: {steps: 250}");
+  EXPECT_EQ(spec.train().eval_every_steps(), 25u);
+  EXPECT_EQ(spec.train().eval_batches(), 4u);
+  EXPECT_EQ(Resolved("data: {synthetic: {}}").train().eval_every_steps(), 0u) << "no eval data, no evaluation";
+}
+
 TEST_F(AllowedRootsValidationTest, PathsOutsideArePermissionDenied) {
   absl::Status s = Validate("data: {path: /etc/passwd}");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;

@@ -338,22 +338,59 @@ absl::Status CheckpointFailure(const absl::Status& write) {
   return absl::Status(write.code(), absl::StrCat(write.message(), " (checkpoint.on_error: fail)"));
 }
 
-absl::StatusOr<std::unique_ptr<TokenSource>> MakeSource(const ferry::v1::JobSpec& spec, const AllowedRoots& roots) {
-  const ferry::v1::DataSpec& data = spec.data();
-  if (data.has_synthetic()) {
-    return std::unique_ptr<TokenSource>(std::make_unique<SyntheticSource>(
-        spec.model().vocab_size(), data.synthetic().branching(), data.synthetic().seed(),
-        spec.train().seed()));
-  }
+absl::StatusOr<std::unique_ptr<TokenFileSource>> OpenTokenFile(const ferry::v1::JobSpec& spec,
+                                                               const AllowedRoots& roots, const std::string& field,
+                                                               const std::string& path, uint64_t seed) {
   // Opened inside the allowed roots without following a link, whatever
   // changed since the spec was checked.
-  absl::StatusOr<UniqueFd> fd = OpenConfinedFile(roots, "data.path", data.path());
+  absl::StatusOr<UniqueFd> fd = OpenConfinedFile(roots, field, path);
   if (!fd.ok()) return fd.status();
-  absl::StatusOr<std::unique_ptr<TokenFileSource>> file =
-      TokenFileSource::FromFd(fd->Release(), data.path(), spec.model().vocab_size(),
-                              int64_t{spec.model().seq_len()} + 1, spec.train().seed());
-  if (!file.ok()) return file.status();
-  return std::unique_ptr<TokenSource>(std::move(*file));
+  return TokenFileSource::FromFd(fd->Release(), path, spec.model().vocab_size(), int64_t{spec.model().seq_len()} + 1,
+                                 seed);
+}
+
+// The training data and the held-out data (null when the job evaluates
+// nothing). A held-out fraction of data.path is its last tokens: training
+// draws its windows from the rest, evaluation from them.
+struct Sources {
+  std::unique_ptr<TokenSource> train;
+  std::unique_ptr<TokenSource> eval;
+};
+
+absl::StatusOr<Sources> MakeSources(const ferry::v1::JobSpec& spec, const AllowedRoots& roots) {
+  const ferry::v1::DataSpec& data = spec.data();
+  // The held-out windows are drawn with a seed of their own, the same on
+  // every rank.
+  const uint64_t eval_seed = spec.train().seed() ^ 0x9e3779b97f4a7c15ull;
+  Sources sources;
+  if (data.has_synthetic()) {
+    sources.train = std::make_unique<SyntheticSource>(spec.model().vocab_size(), data.synthetic().branching(),
+                                                      data.synthetic().seed(), spec.train().seed());
+    if (!data.eval().has_path() && spec.train().eval_every_steps() > 0) {
+      // Fresh sequences of the same chain.
+      sources.eval = std::make_unique<SyntheticSource>(spec.model().vocab_size(), data.synthetic().branching(),
+                                                       data.synthetic().seed(), eval_seed);
+    }
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenFileSource> train,
+                     OpenTokenFile(spec, roots, "data.path", data.path(), spec.train().seed()));
+    if (data.eval().has_held_out_fraction()) {
+      ASSIGN_OR_RETURN(std::unique_ptr<TokenFileSource> held_out,
+                       OpenTokenFile(spec, roots, "data.path", data.path(), eval_seed));
+      const int64_t n = train->token_count();
+      const int64_t split = n - HeldOutTokens(n, data.eval().held_out_fraction());
+      const int64_t window = int64_t{spec.model().seq_len()} + 1;
+      absl::Status s = train->Restrict(0, split, window);
+      if (s.ok()) s = held_out->Restrict(split, n, window);
+      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("data.eval.held_out_fraction: ", s.message()));
+      sources.eval = std::move(held_out);
+    }
+    sources.train = std::move(train);
+  }
+  if (data.eval().has_path()) {
+    ASSIGN_OR_RETURN(sources.eval, OpenTokenFile(spec, roots, "data.eval.path", data.eval().path(), eval_seed));
+  }
+  return sources;
 }
 
 }  // namespace
@@ -438,12 +475,13 @@ int RunWorker(const WorkerOptions& options) {
   absl::StatusOr<std::unique_ptr<MemoryDevice>> device =
       MakeMemoryDevice(device_name, spec->memory().device_budget());
   if (!device.ok()) return Fail(reporter, device.status(), kWorkerBadUsage);
-  absl::StatusOr<std::unique_ptr<TokenSource>> source = MakeSource(*spec, *roots);
-  if (!source.ok()) return Fail(reporter, source.status(), kWorkerFailed);
+  absl::StatusOr<Sources> sources = MakeSources(*spec, *roots);
+  if (!sources.ok()) return Fail(reporter, sources.status(), kWorkerFailed);
 
   EngineOptions engine;
   engine.device = device->get();
   engine.init_from = spec->model().init_from();
+  engine.eval_data = sources->eval.get();
   engine.memory = ToMemoryOptions(spec->memory());
   // The budgets the daemon checked the job against, its defaults filled in
   // the same way, and this rank's directory for the disk tier.
@@ -596,7 +634,7 @@ int RunWorker(const WorkerOptions& options) {
       return fail ? CheckpointFailure(previous) : absl::OkStatus();
     };
   }
-  Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(*source),
+  Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(sources->train),
                   &reporter);
   absl::Status status = trainer.Run();
   // Ranks leave together: none closes its connections while a peer's last

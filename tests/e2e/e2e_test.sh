@@ -207,6 +207,34 @@ TOKENS="$(awk '/^ferry_tokens_total /{print $2}' "$WORK/metrics.txt")"
 "$PY" -c "import sys; assert float(sys.argv[1]) >= 80*8*128, sys.argv[1]" "$TOKENS" \
   || fail "ferry_tokens_total is $TOKENS, less than the job's 81920 tokens"
 
+# Evaluation on held-out data: the last tenth of a prepared token file,
+# which training never samples; before training, every 10 steps and at the
+# end, in progress events, ferry get and /metrics.
+"$FERRY" data prepare --out="$WORK/licenses.bin" /usr/share/common-licenses/GPL-3 >/dev/null \
+  || fail "ferry data prepare"
+cat >"$WORK/eval.yaml" <<EOF
+model: {preset: gpt2-tiny, seq_len: 64}
+data: {path: $WORK/licenses.bin, eval: {held_out_fraction: 0.1}}
+train: {steps: 20, batch_size: 4, lr: 3.0e-3, eval_every_steps: 10, eval_batches: 2}
+EOF
+EVAL="$("$FERRY" submit "$WORK/eval.yaml" -o json | json "d['id']")"
+"$FERRY" watch "$EVAL" >"$WORK/eval.txt" 2>&1 || fail "the evaluating job failed: $(tail -3 "$WORK/eval.txt")"
+for when in "before training" "after step 10" "after step 20"; do
+  grep -q "eval: loss [0-9.]* (perplexity [0-9.]*) $when" "$WORK/eval.txt" || fail "watch shows no eval $when: $(cat "$WORK/eval.txt")"
+done
+grep -q "step 20/20 .* eval [0-9.]* (ppl " "$WORK/eval.txt" || fail "the last progress line has no eval: $(cat "$WORK/eval.txt")"
+"$FERRY" get "$EVAL" -o json >"$WORK/eval.json"
+"$PY" -c "
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+first, last = d['initial_eval'], d['last_eval']
+assert int(first.get('step', 0)) == 0 and int(last['step']) == 20, (first, last)
+assert int(last['tokens']) == 2 * 4 * 64 and abs(last['perplexity'] - math.exp(last['loss'])) < 1e-6 * last['perplexity'], last
+assert last['loss'] < first['loss'], (first, last)
+" "$WORK/eval.json" || fail "Job has no evaluations: $(cat "$WORK/eval.json")"
+"$FERRY" get "$EVAL" | grep -q "^eval: .* at step 20, .* before training" || fail "ferry get shows no eval: $("$FERRY" get "$EVAL")"
+curl -sf "http://$METRICS/metrics" | grep -q '^ferry_eval_loss [0-9]' || fail "/metrics has no ferry_eval_loss"
+
 # Tensor parallel through ferryd: two workers, one job, the one-rank loss.
 PAR_SET="train.steps=15,model.dropout=0.1"
 SOLO="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET -o json | json "d['id']")"
