@@ -66,10 +66,11 @@ inline StepSplit SplitOf(const StepReport& r) {
 
 // `steps` steps of batch `batch` on synthetic data, AdamW with a short
 // warm-up; `memory` unset runs the plain LibTorch loop (fp32 only: mixed
-// precision needs the chunked engine).
+// precision needs the chunked engine); each step's batch as
+// `grad_accum_steps` micro-batches.
 inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
     const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes, std::optional<MemoryOptions> memory,
-    TrainOptions::Precision precision = TrainOptions::Precision::kFp32) {
+    TrainOptions::Precision precision = TrainOptions::Precision::kFp32, int64_t grad_accum_steps = 1) {
   auto trial = std::make_unique<Trial>();
   SimulatedDevice device(device_bytes);
   TrainOptions train;
@@ -79,6 +80,7 @@ inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
   train.min_lr = 1e-4;
   train.warmup_steps = 1;
   train.precision = precision;
+  train.grad_accum_steps = grad_accum_steps;
   EngineOptions engine;
   engine.device = &device;
   engine.memory = memory;

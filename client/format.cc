@@ -140,8 +140,12 @@ std::string JobDetails(const ferry::v1::Job& job, absl::Time now) {
   field("data", spec.data().has_synthetic()
                     ? absl::StrFormat("synthetic (branching %d)", spec.data().synthetic().branching())
                     : spec.data().path());
-  field("train", absl::StrFormat("%d steps, batch %d, lr %g, seed %d", spec.train().steps(),
-                                 spec.train().batch_size(), spec.train().lr(), spec.train().seed()));
+  field("train", absl::StrFormat("%d steps, batch %d%s, lr %g, seed %d", spec.train().steps(),
+                                 spec.train().batch_size(),
+                                 spec.train().grad_accum_steps() > 1
+                                     ? absl::StrFormat(" (%d micro-batches)", spec.train().grad_accum_steps())
+                                     : "",
+                                 spec.train().lr(), spec.train().seed()));
   if (!job.device().empty()) field("device", job.device());
   field("created", TimeText(job.create_time()));
   field("started", TimeText(job.start_time()));

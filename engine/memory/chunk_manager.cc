@@ -286,7 +286,14 @@ void ChunkManager::PostBackward(int stage) {
     for (int i : chunk.tensors) {
       ready = ready && table_.tensors[static_cast<size_t>(i)].state == TensorState::kReadyForReduce;
     }
-    if (ready) reducer_.Reduce(chunk);
+    if (!ready) continue;
+    // Before the last micro-batch the gradients are not complete: they
+    // stay to be added to.
+    if (last_micro_batch()) {
+      reducer_.Reduce(chunk);
+    } else {
+      reducer_.Hold(chunk);
+    }
   }
   policy_.ReleaseAfterPeriod(period);
 }
@@ -312,14 +319,34 @@ absl::Status ChunkManager::FinishBackward() {
       throw std::logic_error(absl::StrCat(t.name, " is ", TensorStateName(t.state), " after the backward"));
     }
   }
+  if (!last_micro_batch()) {
+    // The next micro-batch runs the same periods again.
+    ++micro_batch_;
+    for (ManagedTensor& t : table_.tensors) {
+      t.state = Transition(t.name, t.state, TensorState::kHold);
+      t.uses_left = t.backward_uses;
+    }
+    backward_started_.assign(table_.stages.size(), false);
+    backward_done_.assign(table_.stages.size(), false);
+    return absl::OkStatus();
+  }
+  ++micro_batch_;
   if (!tracer_.warmup()) return absl::OkStatus();
   return policy_.PlanAfterWarmup();
 }
 
-void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
+void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape, int micro_batches) {
+  if (micro_batches < 1) throw std::logic_error(absl::StrCat("a step of ", micro_batches, " micro-batches"));
   stats_ = StepMemoryStats();
-  const bool new_shape = tracer_.BeginStep(batch_shape);
-  policy_.BeginStep(new_shape);
+  micro_batches_ = micro_batches;
+  micro_batch_ = 0;
+  // The micro-batch count is part of what is traced: with more than one,
+  // chunks updated on the device keep their gradients through the forward
+  // periods, which the plan must count.
+  std::vector<int64_t> traced = batch_shape;
+  traced.push_back(micro_batches);
+  const bool new_shape = tracer_.BeginStep(traced);
+  policy_.BeginStep(new_shape, micro_batches > 1);
   stats_.warmup = tracer_.warmup();
   stats_.recomputed_stages = tracer_.RecomputedStages();
   for (Chunk& chunk : table_.chunks) {
@@ -334,6 +361,9 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape) {
 }
 
 OptimizerResult ChunkManager::OptimizerStep(int64_t step, double lr, double max_grad_norm, double loss_scale) {
+  if (micro_batch_ != micro_batches_) {
+    throw std::logic_error(absl::StrCat("optimizer step after ", micro_batch_, " of ", micro_batches_, " micro-batches"));
+  }
   const int period = table_.OptimizerPeriod();
   BeginPeriod(period);
   const OptimizerResult result = optimizer_.Step(step, lr, max_grad_norm, loss_scale, reducer_.SquaredNorm());

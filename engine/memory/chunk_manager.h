@@ -16,6 +16,18 @@
 // to that plan, evicting the payload whose next use is farthest when room is
 // short and prefetching the next period's chunks when room allows.
 //
+// Gradient accumulation: a step may run its forward and backward periods
+// several times over (micro-batches) before the one optimizer period. The
+// first micro-batch's periods are the ones traced and planned; the later
+// ones repeat them. A chunk's gradients are zeroed once a step and then
+// accumulate: for a micro-batch before the last, a chunk whose backward is
+// complete is not reduced -- a chunk updated on the device keeps its
+// gradients there, any other sends them to its host side (kept, in the
+// gradients' own type) and fetches them back to add to in the next
+// micro-batch's backward. Only the last micro-batch reduces each chunk (one
+// data-parallel all-reduce a step), norms it and sends it where it is
+// updated.
+//
 // Parameter tensors become views of their chunk's device buffer, and their
 // .grad views of the gradient chunk's. A buffer that is not resident points
 // at memory that faults on access, so a period that touches a chunk it did
@@ -93,9 +105,11 @@ class ChunkManager {
                                                               const FillProgress& on_filled = nullptr);
   ~ChunkManager();
 
-  // Starts a step. A batch shape other than the last traced one starts a
+  // Starts a step: `micro_batches` forward/backward passes (each ended by
+  // FinishBackward), then OptimizerStep. `batch_shape` is one micro-batch's;
+  // a shape or a micro-batch count other than the last traced ones starts a
   // warm-up.
-  void BeginStep(const std::vector<int64_t>& batch_shape);
+  void BeginStep(const std::vector<int64_t>& batch_shape, int micro_batches = 1);
   // Runs stage `stage`'s forward, `fn(input)`, with its chunks on the device,
   // and hooks its backward. If the stage recomputes this step, `fn` runs
   // without keeping its intermediates and again in the backward (with the
@@ -107,13 +121,16 @@ class ChunkManager {
   bool Recomputes(int stage) const { return tracer_.Recomputes(stage); }
   std::vector<int> RecomputedStages() const { return tracer_.RecomputedStages(); }
   // After loss.backward(): closes the backward periods the hooks could not
-  // (stages whose input needs no gradient). At the end of a warm-up, plans
-  // the placement; RESOURCE_EXHAUSTED, with the numbers and what to change,
-  // when no placement fits the device.
+  // (stages whose input needs no gradient) and ends the micro-batch; the
+  // next RunStage starts the next one. At the end of a warm-up's last
+  // micro-batch, plans the placement; RESOURCE_EXHAUSTED, with the numbers
+  // and what to change, when no placement fits the device.
   absl::Status FinishBackward();
+  // Whether the micro-batch running now is the step's last.
+  bool last_micro_batch() const { return micro_batch_ + 1 >= micro_batches_; }
   // Unscales the gradients by `loss_scale`, clips them to `max_grad_norm` (0:
   // no clipping) and runs AdamW on every chunk where its optimizer states
-  // live; `step` is the 1-based count of applied updates (bias correction).
+  // live, after the step's every micro-batch; `step` is the 1-based count of applied updates (bias correction).
   // If any gradient is inf or NaN the step is skipped: no weight or state
   // changes. With OptimizerOptions::overlap, the chunks updated on the host
   // are updated beside what follows, each before the next step touches it;
@@ -198,8 +215,11 @@ class ChunkManager {
   ChunkValues values_;
   DiskStats disk_at_step_start_;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> stage_fns_;  // this step
-  std::vector<bool> backward_started_;  // per stage, this step
-  std::vector<bool> backward_done_;     // per stage, this step
+  std::vector<bool> backward_started_;  // per stage, this micro-batch
+  std::vector<bool> backward_done_;     // per stage, this micro-batch
+  // This step's micro-batches, and the one running (0-based).
+  int micro_batches_ = 1;
+  int micro_batch_ = 0;
   bool eval_ = false;
 };
 

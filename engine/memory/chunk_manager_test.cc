@@ -98,6 +98,8 @@ struct RunShape {
   double clip = 0.0;
   // Host-side updates beside the next step (OptimizerOptions::overlap).
   bool overlap = false;
+  // Gradient accumulation: each step's batch of 8 as this many micro-batches.
+  int micro_batches = 1;
   // Called between steps (after EndStep of `step`).
   std::function<void(int step, const PlacementReport&)> between;
 };
@@ -123,13 +125,20 @@ RunResult Train(uint64_t capacity, MemoryOptions options, int steps, const RunSh
   if (!manager.ok()) return result;
   for (int step = 1; step <= steps; ++step) {
     torch::Tensor target;
-    torch::Tensor x = Batch(step, &target).to(shape.dtype);
-    (*manager)->BeginStep({8, 16});
-    x = ToyForward(**manager, model, x, target);
-    result.losses.push_back(x.item<float>());
-    x.backward();
-    absl::Status finished = (*manager)->FinishBackward();
-    EXPECT_TRUE(finished.ok()) << finished;
+    const torch::Tensor batch = Batch(step, &target).to(shape.dtype);
+    const int k = shape.micro_batches;
+    const int64_t rows = 8 / k;
+    (*manager)->BeginStep({rows, 16}, k);
+    float loss = 0;
+    for (int m = 0; m < k; ++m) {
+      torch::Tensor x = ToyForward(**manager, model, batch.narrow(0, m * rows, rows), target.narrow(0, m * rows, rows));
+      loss += x.item<float>();
+      // The mean over the micro-batches: each one's mean loss over k.
+      (k == 1 ? x : x / k).backward();
+      absl::Status finished = (*manager)->FinishBackward();
+      EXPECT_TRUE(finished.ok()) << finished;
+    }
+    result.losses.push_back(loss / k);
     (*manager)->OptimizerStep(step, 0.01, shape.clip);
     result.stats.push_back((*manager)->EndStep());
     if (shape.between) shape.between(step, (*manager)->Placement());
@@ -875,6 +884,131 @@ TEST(ChunkManagerTest, ModelDataThatFitsNoTierIsRefusedWithTheNumbers) {
   auto manager = ChunkManager::Create(&device, model.Params(), model.AllStages(), options, optimizer);
   ASSERT_EQ(manager.status().code(), absl::StatusCode::kResourceExhausted) << manager.status();
   EXPECT_NE(manager.status().message().find("memory.disk_budget"), std::string::npos) << manager.status();
+}
+
+// Gradient accumulation: the batch as 2 or 4 micro-batches, their gradients
+// summed before one update, is the same training as the whole batch at
+// once, to float rounding, wherever the chunks live: homed on an ample
+// device, moved under auto on a tight one, streamed under static, and with
+// the host-side updates overlapped.
+TEST(ChunkManagerTest, AccumulatedMicroBatchesAreTheWholeBatchsTraining) {
+  struct Case {
+    const char* name;
+    uint64_t capacity;
+    MemoryOptions options;
+    RunShape shape;
+  };
+  MemoryOptions static_split;
+  static_split.policy = MemoryOptions::Policy::kStatic;
+  RunShape overlapped;
+  overlapped.overlap = true;
+  const std::vector<Case> cases = {
+      {"ample", kAmple, {}, {}},
+      {"tight auto", TightCapacity(), {}, {}},
+      {"static", kAmple, static_split, {}},
+      {"static overlapped", kAmple, static_split, overlapped},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const RunResult whole = Train(c.capacity, c.options, 5, c.shape);
+    for (int k : {2, 4}) {
+      SCOPED_TRACE(absl::StrCat(k, " micro-batches"));
+      RunShape shape = c.shape;
+      shape.micro_batches = k;
+      const RunResult accumulated = Train(c.capacity, c.options, 5, shape);
+      ASSERT_EQ(accumulated.losses.size(), whole.losses.size());
+      for (size_t i = 0; i < whole.losses.size(); ++i) {
+        EXPECT_NEAR(accumulated.losses[i], whole.losses[i], 1e-6) << "step " << i + 1;
+      }
+      ASSERT_EQ(accumulated.values.size(), whole.values.size());
+      for (size_t i = 0; i < whole.values.size(); ++i) {
+        EXPECT_LE((accumulated.values[i] - whole.values[i]).abs().max().item<float>(), 1e-6) << i;
+      }
+      for (const StepMemoryStats& st : accumulated.stats) EXPECT_LE(st.peak_device_bytes, c.capacity);
+    }
+  }
+}
+
+// With the gradients on disk, each micro-batch's gradients are written
+// there and read back to be added to: the same training bit for bit as
+// accumulating through host memory. (The wide toy's deep tanh stack at this
+// learning rate amplifies float rounding, so it is compared with itself.)
+TEST(ChunkManagerTest, AccumulationThroughTheDiskTierIsAccumulationThroughTheHost) {
+  MemoryOptions static_split;
+  static_split.policy = MemoryOptions::Policy::kStatic;
+  RunShape shape = Wide(at::kFloat);
+  const RunResult whole = Train(kAmple, static_split, 1, shape);
+  shape.micro_batches = 2;
+  const RunResult host = Train(kAmple, static_split, 4, shape);
+  const RunResult disk = Train(kAmple, OnDisk(TestDir("accumulate"), static_split), 4, shape);
+  EXPECT_NEAR(host.losses[0], whole.losses[0], 1e-6 * std::abs(whole.losses[0]));
+  ASSERT_EQ(disk.losses.size(), host.losses.size());
+  for (size_t i = 0; i < host.losses.size(); ++i) EXPECT_EQ(disk.losses[i], host.losses[i]) << "step " << i + 1;
+  for (size_t i = 0; i < host.values.size(); ++i) EXPECT_TRUE(torch::equal(disk.values[i], host.values[i])) << i;
+  EXPECT_GT(disk.stats.back().disk_chunks, 0);
+  EXPECT_GT(disk.stats.back().host_to_disk_bytes, 0u);
+}
+
+// fp16 and bf16 gradients accumulate in their own type: close to the whole
+// batch's, not to float rounding.
+TEST(ChunkManagerTest, AccumulatedReducedPrecisionGradientsTrackTheWholeBatch) {
+  MemoryOptions static_split;
+  static_split.policy = MemoryOptions::Policy::kStatic;
+  RunShape shape;
+  shape.dtype = at::kBFloat16;
+  const RunResult whole = Train(kAmple, static_split, 5, shape);
+  shape.micro_batches = 4;
+  const RunResult accumulated = Train(kAmple, static_split, 5, shape);
+  for (size_t i = 0; i < whole.losses.size(); ++i) {
+    EXPECT_NEAR(accumulated.losses[i], whole.losses[i], 1e-2 * std::abs(whole.losses[i])) << "step " << i + 1;
+  }
+}
+
+// An overflow in one micro-batch's gradients skips the whole update: no
+// weight changes, on the device and on the host side.
+TEST(ChunkManagerTest, AnOverflowInOneMicroBatchSkipsTheUpdate) {
+  for (int where = 0; where < 2; ++where) {
+    SCOPED_TRACE(where == 0 ? "device-side" : "host-side");
+    SimulatedDevice device(kAmple);
+    ToyModel model;
+    MemoryOptions options;
+    options.chunk_elements = 1100;
+    if (where == 1) options.policy = MemoryOptions::Policy::kStatic;
+    auto manager = ChunkManager::Create(&device, model.Params(), model.AllStages(), options, OptimizerOptions());
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    // Two micro-batches of 4; `poisoned`: the second's gradients overflow.
+    auto step = [&](int n, int poisoned) {
+      torch::Tensor target;
+      const torch::Tensor batch = Batch(n, &target);
+      (*manager)->BeginStep({4, 16}, 2);
+      for (int m = 0; m < 2; ++m) {
+        torch::Tensor x = ToyForward(**manager, model, batch.narrow(0, 4 * m, 4), target.narrow(0, 4 * m, 4));
+        unsigned hook = 0;
+        if (m == poisoned) {
+          hook = model.l2->weight.register_hook([](torch::Tensor g) {
+            g = g.clone();
+            g.view({-1})[3] = std::numeric_limits<float>::infinity();
+            return g;
+          });
+        }
+        (x / 2).backward();
+        if (m == poisoned) model.l2->weight.remove_hook(hook);
+        EXPECT_TRUE((*manager)->FinishBackward().ok());
+      }
+      const OptimizerResult r = (*manager)->OptimizerStep(n, 0.01, 1.0);
+      (*manager)->EndStep();
+      return r;
+    };
+    for (int n = 1; n <= 2; ++n) EXPECT_FALSE(step(n, -1).skipped);
+    for (int poisoned : {0, 1}) {
+      const std::vector<torch::Tensor> before = (*manager)->ParameterValues();
+      const OptimizerResult r = step(3, poisoned);
+      EXPECT_TRUE(r.skipped) << "micro-batch " << poisoned;
+      const std::vector<torch::Tensor> after = (*manager)->ParameterValues();
+      for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(after[i], before[i])) << i;
+    }
+    EXPECT_FALSE(step(3, -1).skipped) << "the next update goes ahead";
+  }
 }
 
 }  // namespace

@@ -24,6 +24,12 @@ void GradientReducer::Reduce(Chunk& chunk) {
   pending_ = data_->StartAllReduce(g.device.narrow(0, 0, chunk.used));
 }
 
+void GradientReducer::Hold(Chunk& chunk) {
+  // The same device memory as after the step's last backward: only chunks
+  // updated on the device keep gradients there.
+  if (!chunk.device_homed()) mover_->Evict(chunk.payload(PayloadKind::kGrad), /*keep_values=*/true);
+}
+
 void GradientReducer::Finish() {
   if (pending_chunk_ == nullptr) return;
   Chunk& chunk = *pending_chunk_;

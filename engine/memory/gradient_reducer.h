@@ -30,6 +30,12 @@ class GradientReducer {
   }
   // The chunk's gradients are complete.
   void Reduce(Chunk& chunk);
+  // The chunk's backward is done for a micro-batch before the step's last
+  // (gradient accumulation): its gradients so far, neither reduced nor
+  // normed, stay on the device for a chunk updated there, and otherwise go
+  // to its host side (kept), to be fetched back and added to by the next
+  // micro-batch's backward.
+  void Hold(Chunk& chunk);
   // Waits for the all-reduce in flight, if any, and completes its chunk.
   void Finish();
   // After every chunk is reduced: the squared norm of all the gradients

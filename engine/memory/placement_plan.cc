@@ -61,7 +61,8 @@ std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<Chun
           bytes = uses ? p : 0;
           break;
       }
-      if (first[c] >= 0 && period >= first[c] && period <= grad_end) bytes += g;
+      const int grad_begin = classes[c] == ChunkClass::kDeviceHomed && input.accumulates ? 0 : first[c];
+      if (first[c] >= 0 && period >= grad_begin && period <= grad_end) bytes += g;
       need[static_cast<size_t>(period)] += bytes;
     }
     if (classes[c] == ChunkClass::kDeviceHomed) largest_temp = std::max(largest_temp, input.update_temp(c));

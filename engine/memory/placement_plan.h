@@ -45,6 +45,12 @@ struct PlanInput {
   // last period is the optimizer.
   int forward_periods = 0;
   int backward_periods = 0;
+  // Gradient accumulation: the forward and backward periods run once per
+  // micro-batch before the optimizer, and a device-homed chunk's gradients
+  // stay on the device through the later micro-batches' forward periods, so
+  // they count in every period. (Other chunks' gradients go to the host
+  // after each micro-batch's last use, as after a whole step's.)
+  bool accumulates = false;
   // Per chunk: bytes of its parameters.
   std::vector<uint64_t> param_bytes;
   // Per chunk: bytes of its gradients (empty: as large as its parameters),

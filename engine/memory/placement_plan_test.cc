@@ -39,6 +39,20 @@ TEST(PlacementPlanTest, NeedsCountWhatEachClassKeepsOnTheDevice) {
   EXPECT_EQ(need[4], 40u + 400u + 100u);
 }
 
+// Gradient accumulation: a device-homed chunk's gradients stay on the device
+// through the later micro-batches' forward periods; a streamed chunk's go
+// to the host after each micro-batch's backward, as without it.
+TEST(PlacementPlanTest, AccumulationKeepsHomedGradientsThroughTheForward) {
+  PlanInput in = FourStages(1 << 20);
+  in.accumulates = true;
+  using C = ChunkClass;
+  std::vector<uint64_t> need = PeriodNeeds(in, {C::kDeviceHomed, C::kStreamed, C::kStreamed, C::kStreamed});
+  EXPECT_EQ(need[1], 20u + 300u + 100u + 100u) << "G0 too";
+  EXPECT_EQ(need[7], 10u + 300u + 100u);
+  need = PeriodNeeds(in, {C::kStreamed, C::kStreamed, C::kStreamed, C::kStreamed});
+  EXPECT_EQ(need[0], 10u + 100u);
+}
+
 TEST(PlacementPlanTest, MixedPrecisionHomingCountsItsOptimizerStatesAndTemporaries) {
   // bf16: 100 bytes of weights and of gradients, 600 of optimizer states
   // (two fp32 moments and the fp32 master), and an update on the device

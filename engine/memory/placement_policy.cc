@@ -155,6 +155,7 @@ PlanInput PlacementPolicy::MakePlanInput() const {
   in.period_chunks = table_->period_chunks;
   in.forward_periods = table_->stage_count();
   in.backward_periods = table_->stage_count();
+  in.accumulates = accumulates_;
   const bool cpu_update = device_->compute_device().is_cpu();
   for (const Chunk& chunk : table_->chunks) {
     in.param_bytes.push_back(chunk.payload(PayloadKind::kParam).bytes);
@@ -243,7 +244,8 @@ void PlacementPolicy::Apply() {
   applied_ = true;
 }
 
-void PlacementPolicy::BeginStep(bool new_shape) {
+void PlacementPolicy::BeginStep(bool new_shape, bool accumulates) {
+  accumulates_ = accumulates;
   if (new_shape) {
     // Back to the warm-up's placement: every chunk's optimizer on the host.
     for (Chunk& chunk : table_->chunks) {

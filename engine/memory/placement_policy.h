@@ -52,7 +52,9 @@ class PlacementPolicy {
   absl::Status PlanAfterWarmup();
   // Starts a step: a new batch shape goes back to the warm-up's placement
   // (`new_shape`), else a plan made and not yet applied takes effect.
-  void BeginStep(bool new_shape);
+  // `accumulates`: the step runs more than one micro-batch (see
+  // PlanInput::accumulates).
+  void BeginStep(bool new_shape, bool accumulates = false);
   // Whether a plan made after a warm-up is in effect.
   bool applied() const { return applied_; }
   const Plan& plan() const { return plan_; }
@@ -77,6 +79,7 @@ class PlacementPolicy {
   StepMemoryStats* stats_;
   MemoryOptions options_;
   bool mixed_;
+  bool accumulates_ = false;
   Plan plan_;
   bool applied_ = false;
 };

@@ -52,7 +52,8 @@ TrainOptions Options() {
 std::unique_ptr<TokenSource> Data() { return std::make_unique<SyntheticSource>(64, 2, 1, 5); }
 
 // Rank 0's recorder for a world of tensor x data ranks.
-LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, MemoryOptions memory = {}) {
+LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, MemoryOptions memory = {},
+                           TrainOptions train = Options()) {
   c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
   const int world = tensor * data;
   std::vector<LossRecorder> recorders(static_cast<size_t>(world));
@@ -73,7 +74,7 @@ LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, Memory
       engine.tensor = groups->tensor.get();
       engine.data = groups->data.get();
       results[static_cast<size_t>(r)] =
-          Trainer(Model(), Options(), engine, Data(), &recorders[static_cast<size_t>(r)]).Run();
+          Trainer(Model(), train, engine, Data(), &recorders[static_cast<size_t>(r)]).Run();
       if (results[static_cast<size_t>(r)].ok()) results[static_cast<size_t>(r)] = FinishParallelGroups(*groups);
     });
   }
@@ -153,6 +154,45 @@ TEST(ParallelTrainerTest, ABatchThatDoesNotSplitIsRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("train.batch_size: 7 does not split across 2 data-parallel ranks"), std::string::npos)
       << s;
+}
+
+// Gradient accumulation on each rank: T=2 and D=2 (each data rank's 4 rows
+// as 2 micro-batches, one all-reduce per update) train as their runs
+// without accumulation, dropout on, to fp32 rounding.
+TEST(ParallelTrainerTest, AccumulationOnEveryRankIsTheSameTraining) {
+  SimulatedDevice device(uint64_t{8} << 30);
+  TrainOptions o = Options();
+  o.steps = 6;
+  for (auto [tensor, data] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE(testing::Message() << "tensor " << tensor << " data " << data);
+    const LossRecorder whole = TrainParallel(&device, tensor, data, {}, o);
+    TrainOptions accumulating = o;
+    accumulating.grad_accum_steps = 2;
+    const LossRecorder accumulated = TrainParallel(&device, tensor, data, {}, accumulating);
+    ASSERT_EQ(accumulated.losses.size(), whole.losses.size());
+    for (size_t s = 0; s < whole.losses.size(); ++s) {
+      EXPECT_NEAR(accumulated.losses[s], whole.losses[s], 1e-6) << "step " << s + 1;
+      EXPECT_NEAR(accumulated.norms[s], whole.norms[s], 1e-6 * std::max(1.0, whole.norms[s])) << "step " << s + 1;
+    }
+  }
+}
+
+TEST(ParallelTrainerTest, AccumulationThatDoesNotSplitARanksShareIsRefused) {
+  SimulatedDevice device(uint64_t{1} << 30);
+  IdleGroup data;
+  EngineOptions engine;
+  engine.device = &device;
+  engine.data = &data;
+  TrainOptions o = Options();
+  o.batch_size = 6;
+  o.grad_accum_steps = 2;
+  LossRecorder recorder;
+  const absl::Status s = Trainer(Model(), o, engine, Data(), &recorder).Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("train.grad_accum_steps: 2 micro-batches on each of 2 data-parallel ranks"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("a multiple of 4"), std::string::npos) << s;
 }
 
 }  // namespace

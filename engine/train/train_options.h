@@ -9,8 +9,18 @@ namespace ferry {
 struct TrainOptions {
   // Optimizer steps.
   int64_t steps = 100;
-  // Sequences per step; each holds `GptConfig::seq_len` tokens.
+  // Sequences per step (optimizer update); each holds `GptConfig::seq_len`
+  // tokens.
   int64_t batch_size = 8;
+  // Gradient accumulation: each step's batch runs as this many micro-batches
+  // of batch_size / grad_accum_steps sequences (per data rank: of
+  // batch_size / (grad_accum_steps * data ranks)), forward and backward one
+  // after another with their gradients summed, then one update. The same
+  // training as one pass over the whole batch (the same sampled windows and
+  // dropout masks; the loss is the mean over the micro-batches), to float
+  // rounding, with activations for one micro-batch only. Must divide the
+  // batch (with the data ranks).
+  int64_t grad_accum_steps = 1;
   // Peak learning rate, after `warmup_steps` of linear warm-up; a cosine
   // schedule then decays it to `min_lr` at the last step.
   double lr = 3e-4;

@@ -66,12 +66,63 @@ at::Tensor StateFromBytes(const std::string& bytes) {
   return state;
 }
 
+// Gradient accumulation: which rows of a rank's share of the batch each
+// micro-batch takes (consecutive ranges, in order), and the dropout masks it
+// draws. Every micro-batch starts from the generators' state at the start of
+// the step and draws, for its rows, the masks of the whole global batch
+// (GptImpl::SetBatchShare): so it drops what one pass over the whole batch
+// would, and the last leaves the generators where that pass would.
+class MicroBatches {
+ public:
+  // `model`'s batch share as set for the whole step (its rank's rows of the
+  // global batch; none with one data rank).
+  MicroBatches(GptImpl* model, int count, int64_t rank_rows, c10::Device device)
+      : model_(model),
+        count_(count),
+        rows_(rank_rows / count),
+        device_(device),
+        whole_(model->compute_mode().batch_whole > 0 ? model->compute_mode().batch_whole : rank_rows),
+        first_row_(model->compute_mode().batch_offset) {
+    if (count_ > 1) start_ = SaveGenerators(device_);
+  }
+  // The step's share back, for the next step.
+  ~MicroBatches() {
+    if (count_ > 1) model_->SetBatchShare(whole_, first_row_);
+  }
+  MicroBatches(const MicroBatches&) = delete;
+  MicroBatches& operator=(const MicroBatches&) = delete;
+
+  int count() const { return count_; }
+  // Rows [m * rows, (m + 1) * rows) of `t`, the rank's share.
+  torch::Tensor Rows(const torch::Tensor& t, int m) const { return count_ == 1 ? t : t.narrow(0, m * rows_, rows_); }
+  // Before micro-batch `m`'s forward.
+  void Enter(int m) {
+    if (count_ == 1) return;
+    RestoreGenerators(device_, start_);
+    model_->SetBatchShare(whole_, first_row_ + m * rows_);
+  }
+  // The scale of a micro-batch's loss (a mean over its rows) before its
+  // backward, so that the summed gradients are the whole batch's mean's.
+  double LossScale() const { return 1.0 / count_; }
+
+ private:
+  GptImpl* model_;
+  int count_;
+  int64_t rows_;
+  c10::Device device_;
+  int64_t whole_;
+  int64_t first_row_;
+  GeneratorStates start_;
+};
+
 // One training step, whichever engine runs it.
 class StepEngine {
  public:
   virtual ~StepEngine() = default;
-  // Forward, backward and update; returns the loss and the gradient norm.
-  virtual absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets,
+  // Forward and backward of each of `micro_batches` equal row ranges of
+  // the batch (gradients summed), then one update; returns the loss (the
+  // mean over the micro-batches) and the gradient norm.
+  virtual absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int micro_batches,
                             double lr, double* loss, double* grad_norm) = 0;
   // The mean loss per token of a batch in evaluation mode (no dropout, no
   // gradients, nothing updated), over the whole global batch.
@@ -121,23 +172,34 @@ class PlainEngine : public StepEngine {
     max_norm_ = options.grad_clip > 0 ? options.grad_clip : std::numeric_limits<double>::infinity();
   }
 
-  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, double lr,
+  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int micro_batches, double lr,
                     double* loss, double* grad_norm) override {
     for (auto& group : optimizer_->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     optimizer_->zero_grad();
-    const Clock::time_point start = Clock::now();
-    torch::Tensor l = model_->Loss(model_->forward(inputs), targets);
-    *loss = l.item<double>();
-    const Clock::time_point forward_end = Clock::now();
-    l.backward();
+    MicroBatches micro(model_.get(), micro_batches, inputs.size(0), device_->compute_device());
+    double loss_sum = 0, forward_seconds = 0, backward_seconds = 0;
+    Clock::time_point backward_end;
+    for (int m = 0; m < micro.count(); ++m) {
+      micro.Enter(m);
+      const Clock::time_point start = Clock::now();
+      torch::Tensor l = model_->Loss(model_->forward(micro.Rows(inputs, m)), micro.Rows(targets, m));
+      loss_sum += l.item<double>();
+      const Clock::time_point forward_end = Clock::now();
+      (micro.count() > 1 ? l * micro.LossScale() : l).backward();
+      backward_end = Clock::now();
+      forward_seconds += Seconds(start, forward_end);
+      backward_seconds += Seconds(forward_end, backward_end);
+    }
+    *loss = loss_sum / micro.count();
+    const Clock::time_point clip_start = Clock::now();
     *grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
-    const Clock::time_point backward_end = Clock::now();
+    const Clock::time_point clip_end = Clock::now();
     optimizer_->step();
-    times_.forward = Seconds(start, forward_end);
-    times_.backward = Seconds(forward_end, backward_end);
-    times_.optimizer = Seconds(backward_end, Clock::now());
+    times_.forward = forward_seconds;
+    times_.backward = backward_seconds + Seconds(clip_start, clip_end);
+    times_.optimizer = Seconds(clip_end, Clock::now());
     return absl::OkStatus();
   }
 
@@ -193,35 +255,50 @@ class ChunkedEngine : public StepEngine {
     return e;
   }
 
-  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, double lr,
+  absl::Status Step(const torch::Tensor& inputs, const torch::Tensor& targets, int micro_batches, double lr,
                     double* loss, double* grad_norm) override {
     GptImpl& gpt = *model_;
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     used_scale_ = scale;
-    const Clock::time_point start = Clock::now();
-    manager_->BeginStep(inputs.sizes().vec());
-    torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
-    for (int64_t i = 0; i < gpt.block_count(); ++i) {
-      // By value: a recomputing block runs this again in the backward.
-      GptImpl* model = &gpt;
-      x = manager_->RunStage(static_cast<int>(1 + i), x,
-                             [model, i](const torch::Tensor& t) { return model->block(i).forward(t); });
+    MicroBatches micro(model_.get(), micro_batches, inputs.size(0), device_->compute_device());
+    // fp16: every micro-batch's gradients carry the step's loss scale, and
+    // an overflow in any of them makes the summed gradients overflow.
+    const double backward_scale = micro.count() > 1 ? scale * micro.LossScale() : scale;
+    manager_->BeginStep(micro.Rows(inputs, 0).sizes().vec(), micro.count());
+    double loss_sum = 0, forward_seconds = 0, backward_seconds = 0;
+    Clock::time_point backward_end;
+    for (int m = 0; m < micro.count(); ++m) {
+      micro.Enter(m);
+      const Clock::time_point start = Clock::now();
+      const torch::Tensor micro_targets = micro.Rows(targets, m);
+      torch::Tensor x =
+          manager_->RunStage(0, micro.Rows(inputs, m), [&](const torch::Tensor& t) { return gpt.Embed(t); });
+      for (int64_t i = 0; i < gpt.block_count(); ++i) {
+        // By value: a recomputing block runs this again in the backward.
+        GptImpl* model = &gpt;
+        x = manager_->RunStage(static_cast<int>(1 + i), x,
+                               [model, i](const torch::Tensor& t) { return model->block(i).forward(t); });
+      }
+      torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x, [&](const torch::Tensor& t) {
+        return gpt.HeadLoss(t, micro_targets);
+      });
+      loss_sum += l.item<double>();
+      const Clock::time_point forward_end = Clock::now();
+      (backward_scale != 1.0 ? l * backward_scale : l).backward();
+      l = torch::Tensor();
+      x = torch::Tensor();
+      RETURN_IF_ERROR(manager_->FinishBackward());
+      backward_end = Clock::now();
+      forward_seconds += Seconds(start, forward_end);
+      backward_seconds += Seconds(forward_end, backward_end);
     }
-    torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
-                                         [&](const torch::Tensor& t) { return gpt.HeadLoss(t, targets); });
-    *loss = l.item<double>();
+    *loss = loss_sum / micro.count();
     if (groups_.data != nullptr && groups_.data->size() > 1) {
       // The global batch's loss: the mean of the data ranks' shares.
       at::Tensor sum = at::full({1}, *loss, at::kDouble);
       groups_.data->AllReduce(sum);
       *loss = sum.item<double>() / groups_.data->size();
     }
-    const Clock::time_point forward_end = Clock::now();
-    (scale != 1.0 ? l * scale : l).backward();
-    l = torch::Tensor();
-    x = torch::Tensor();
-    RETURN_IF_ERROR(manager_->FinishBackward());
-    const Clock::time_point backward_end = Clock::now();
     const OptimizerResult result = manager_->OptimizerStep(updates_ + 1, lr, train_.grad_clip, scale);
     *grad_norm = result.grad_norm;
     skipped_ = result.skipped;
@@ -235,8 +312,8 @@ class ChunkedEngine : public StepEngine {
     stats_ = manager_->EndStep();
     // The forward waits for the last step's updates running beside it
     // where it reaches their chunks: that wait is the optimizer's.
-    times_.forward = std::max(0.0, Seconds(start, forward_end) - stats_.update_wait_seconds);
-    times_.backward = Seconds(forward_end, backward_end);
+    times_.forward = std::max(0.0, forward_seconds - stats_.update_wait_seconds);
+    times_.backward = backward_seconds;
     times_.optimizer = Seconds(backward_end, Clock::now()) + stats_.update_wait_seconds;
     times_.transfers = stats_.transfer_seconds;
     times_.disk = stats_.disk_wait_seconds;
@@ -495,6 +572,15 @@ absl::Status Trainer::RunSteps() {
                                                    " does not split across ", data_ranks,
                                                    " data-parallel ranks; use a multiple of ", data_ranks));
   }
+  const int64_t micro_batches = options_.grad_accum_steps;
+  if (micro_batches < 1 || micro_batches > options_.batch_size ||
+      options_.batch_size % (micro_batches * data_ranks) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.grad_accum_steps: ", micro_batches, " micro-batches", data_ranks > 1 ? " on each of " : "",
+        data_ranks > 1 ? absl::StrCat(data_ranks, " data-parallel ranks") : "", " do not split train.batch_size ",
+        options_.batch_size, "; use a train.batch_size that is a multiple of ", micro_batches * data_ranks,
+        " or a train.grad_accum_steps that divides ", options_.batch_size / data_ranks));
+  }
 
   // The model is built (and initialised) on the CPU as host memory, the same
   // way whatever the device, so every placement starts from the same values.
@@ -515,8 +601,9 @@ absl::Status Trainer::RunSteps() {
         RETURN_IF_ERROR(CallTorch(absl::StrCat("reading ", engine_.init_from), [&] { model->Materialize(); }));
       }
     }
-    if (data_ranks > 1) {
-      model->SetBatchShare(options_.batch_size, engine_.data->rank() * (options_.batch_size / data_ranks));
+    if (data_ranks > 1 || micro_batches > 1) {
+      const int data_rank = engine_.data != nullptr ? engine_.data->rank() : 0;
+      model->SetBatchShare(options_.batch_size, data_rank * (options_.batch_size / data_ranks));
     }
   }
   std::unique_ptr<StepEngine> engine;
@@ -605,8 +692,13 @@ absl::Status Trainer::RunSteps() {
     for (int64_t b = 0; b < options_.eval_batches; ++b) {
       engine_.eval_data->SampleWindows(batch, time + 1, &eval_tokens);
       try {
+        // In micro-batches, as training runs: no more activations at once.
         auto [inputs, targets] = rank_rows(eval_tokens);
-        sum += engine->Evaluate(inputs, targets);
+        const int64_t rows = inputs.size(0) / micro_batches;
+        for (int64_t m = 0; m < micro_batches; ++m) {
+          sum += engine->Evaluate(inputs.narrow(0, m * rows, rows), targets.narrow(0, m * rows, rows)) /
+                 static_cast<double>(micro_batches);
+        }
       } catch (const c10::OutOfMemoryError& e) {
         return absl::ResourceExhaustedError(
             absl::StrCat("evaluation after step ", steps_done, ": out of device memory (",
@@ -660,7 +752,7 @@ absl::Status Trainer::RunSteps() {
       // Every rank sampled the same global batch; a data rank takes its rows.
       auto [inputs, targets] = rank_rows(window_tokens);
       data_end = Clock::now();
-      RETURN_IF_ERROR(engine->Step(inputs, targets, lr, &loss_value, &grad_norm));
+      RETURN_IF_ERROR(engine->Step(inputs, targets, static_cast<int>(micro_batches), lr, &loss_value, &grad_norm));
     } catch (const c10::OutOfMemoryError& e) {
       return absl::ResourceExhaustedError(
           absl::StrCat("step ", step + 1, ": ", engine->ExplainOutOfMemory(e.what_without_backtrace())));

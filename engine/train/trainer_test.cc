@@ -816,6 +816,162 @@ TEST(TrainerTest, EvaluationRepeatsItsWindowsAndMatchesTheTrainingLoss) {
       ASSERT_TRUE(r.eval.has_value()) << "step " << r.step;
       EXPECT_EQ(r.eval->loss, first) << "step " << r.step;
     }
+    // With gradient accumulation evaluation runs in micro-batches too: the
+    // same loss.
+    TrainOptions accumulating = o;
+    accumulating.grad_accum_steps = 2;
+    std::unique_ptr<TokenSource> again = Chain(1);
+    auto split = TrainWithEval(SixLayers(), accumulating, kAmple, memory, again.get());
+    ASSERT_TRUE(split->status.ok()) << split->status;
+    ASSERT_TRUE(split->observer.reports[0].initial_eval.has_value());
+    EXPECT_NEAR(split->observer.reports[0].initial_eval->loss, first, 1e-6);
+  }
+}
+
+// --- Gradient accumulation. ---
+
+// A run and, for the chunked engine, its final fp32 weights (read back
+// through a checkpoint taken after the last step).
+struct WeightedRun {
+  std::unique_ptr<TrainRun> run = std::make_unique<TrainRun>();
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+};
+
+WeightedRun TrainKeepingWeights(GptConfig model, TrainOptions train, uint64_t capacity,
+                                std::optional<MemoryOptions> memory) {
+  WeightedRun r;
+  SimulatedDevice device(capacity);
+  EngineOptions engine;
+  engine.device = &device;
+  engine.memory = memory;
+  CheckpointContents last;
+  if (memory.has_value()) {
+    engine.checkpoint_every_steps = train.steps;
+    engine.on_checkpoint = [&](CheckpointContents c, double) {
+      last = std::move(c);
+      return absl::OkStatus();
+    };
+  }
+  r.run->status = Trainer(model, train, engine, Chain(1), &r.run->observer).Run();
+  if (r.run->status.ok() && memory.has_value()) {
+    auto weights = RestoreParameters(model, train, *memory, last, &device);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    if (weights.ok()) r.weights = *std::move(weights);
+  }
+  return r;
+}
+
+// Losses and gradient norms step by step within `tolerance`, and the final
+// weights (trained with peak learning rate `lr`).
+void ExpectSameTraining(const WeightedRun& whole, const WeightedRun& accumulated, double tolerance, double lr) {
+  const auto& a = whole.run->observer.reports;
+  const auto& b = accumulated.run->observer.reports;
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_NEAR(b[s].loss, a[s].loss, tolerance) << "step " << s + 1;
+    EXPECT_NEAR(b[s].grad_norm, a[s].grad_norm, tolerance * std::max(1.0, a[s].grad_norm)) << "step " << s + 1;
+    EXPECT_EQ(b[s].tokens, a[s].tokens) << "tokens count the whole batch";
+  }
+  // The final weights: AdamW divides each gradient by its own running
+  // magnitude, so an element whose gradient nearly cancels over the batch
+  // (summed in another order) can take a step that differs by more than
+  // rounding; on the mean over the elements, and at most within 1% of one
+  // step's size (the learning rate).
+  ASSERT_EQ(whole.weights.size(), accumulated.weights.size());
+  for (size_t i = 0; i < whole.weights.size(); ++i) {
+    const at::Tensor diff = (accumulated.weights[i].second - whole.weights[i].second).abs();
+    EXPECT_LE(diff.mean().item<double>(), tolerance) << whole.weights[i].first;
+    EXPECT_LE(diff.max().item<double>(), 1e-2 * lr) << whole.weights[i].first;
+  }
+}
+
+// train.grad_accum_steps: the batch of 8 as 2 or 4 micro-batches, their
+// gradients summed before one update, is the training of the whole batch
+// at once -- the same windows, the same dropout masks (dropout is on) --
+// to fp32 rounding, in the plain loop and in the chunked one however its
+// chunks move: homed on an ample device, streamed under static on a tight
+// one, moved under auto on a tight one, and with every block recomputed.
+TEST(TrainerTest, GradientAccumulationIsTheSameTraining) {
+  GptConfig model = TinyModel();
+  model.dropout = 0.1;
+  TrainOptions o = Quick(4);
+  auto ample = Train(model, Quick(2), kAmple, MemoryOptions());
+  ASSERT_TRUE(ample->status.ok()) << ample->status;
+  MemoryOptions static_split;
+  static_split.policy = MemoryOptions::Policy::kStatic;
+  struct Case {
+    const char* name;
+    uint64_t capacity;
+    std::optional<MemoryOptions> memory;
+  };
+  const std::vector<Case> cases = {
+      {"plain", kAmple, std::nullopt},
+      {"chunked", kAmple, MemoryOptions()},
+      {"static offload", PlannedNeed(ample->observer.placement, true) * 6 / 5, static_split},
+      {"auto tight", PlannedNeed(ample->observer.placement, false) * 6 / 5, MemoryOptions()},
+      {"recompute all", kAmple, WithRecompute(MemoryOptions::Recompute::kAll)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    o.grad_accum_steps = 1;
+    const WeightedRun whole = TrainKeepingWeights(model, o, c.capacity, c.memory);
+    ASSERT_TRUE(whole.run->status.ok()) << whole.run->status;
+    for (int k : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << k << " micro-batches");
+      o.grad_accum_steps = k;
+      const WeightedRun accumulated = TrainKeepingWeights(model, o, c.capacity, c.memory);
+      ASSERT_TRUE(accumulated.run->status.ok()) << accumulated.run->status;
+      ExpectSameTraining(whole, accumulated, 1e-6, o.lr);
+      if (c.memory.has_value()) {
+        // Activations for a micro-batch: less than the whole batch's.
+        EXPECT_LT(accumulated.run->observer.reports.back().memory_stats.peak_non_model_bytes,
+                  whole.run->observer.reports.back().memory_stats.peak_non_model_bytes);
+      }
+    }
+  }
+}
+
+// bf16 gradients accumulate in bf16 (the gradient chunks' type): the
+// accumulated run tracks the whole batch's within 1% of the loss.
+TEST(TrainerTest, Bf16GradientAccumulationTracksTheWholeBatch) {
+  TrainOptions o = Quick(6);
+  o.precision = TrainOptions::Precision::kBf16;
+  const WeightedRun whole = TrainKeepingWeights(TinyModel(), o, kAmple, MemoryOptions());
+  o.grad_accum_steps = 4;
+  const WeightedRun accumulated = TrainKeepingWeights(TinyModel(), o, kAmple, MemoryOptions());
+  ASSERT_TRUE(whole.run->status.ok() && accumulated.run->status.ok());
+  const auto& a = whole.run->observer.reports;
+  const auto& b = accumulated.run->observer.reports;
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(b[s].loss, a[s].loss, 1e-2 * a[s].loss) << "step " << s + 1;
+}
+
+// fp16: every micro-batch's loss carries the scale; an overflow skips the
+// whole update and lowers the scale, as without accumulation.
+TEST(TrainerTest, Fp16AccumulationSkipsAnOverflowedUpdate) {
+  TrainOptions o = Quick(10);
+  o.precision = TrainOptions::Precision::kFp16;
+  o.loss_scale = 1048576.0;  // 2^20: the first gradients overflow fp16
+  o.grad_accum_steps = 2;
+  auto run = Train(TinyModel(), o, kAmple, MemoryOptions());
+  ASSERT_TRUE(run->status.ok()) << run->status;
+  const auto& r = run->observer.reports;
+  ASSERT_TRUE(r[0].skipped);
+  EXPECT_TRUE(std::isinf(r[0].grad_norm));
+  EXPECT_EQ(r[1].loss_scale, 524288.0) << "halved after the overflow";
+  int skipped = 0;
+  while (skipped < static_cast<int>(r.size()) && r[static_cast<size_t>(skipped)].skipped) ++skipped;
+  EXPECT_LT(skipped, 8) << "the scale comes down until the gradients fit, then updates go ahead";
+}
+
+TEST(TrainerTest, AccumulationThatDoesNotSplitTheBatchIsRefused) {
+  for (int64_t k : {int64_t{3}, int64_t{0}, int64_t{16}}) {
+    TrainOptions o = Quick(2);
+    o.grad_accum_steps = k;
+    auto run = Train(TinyModel(), o, kAmple, MemoryOptions());
+    EXPECT_EQ(run->status.code(), absl::StatusCode::kInvalidArgument) << k;
+    EXPECT_NE(run->status.message().find("train.grad_accum_steps"), std::string::npos) << run->status;
+    EXPECT_NE(run->status.message().find("train.batch_size"), std::string::npos) << run->status;
   }
 }
 

@@ -51,6 +51,7 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   ferry::v1::TrainSpec* train = out.mutable_train();
   if (train->steps() == 0) train->set_steps(100);
   if (train->batch_size() == 0) train->set_batch_size(8);
+  if (train->grad_accum_steps() == 0) train->set_grad_accum_steps(1);
   if (train->lr() == 0) train->set_lr(3e-4);
   if (!train->has_warmup_steps()) {
     train->set_warmup_steps(std::min<uint64_t>(100, train->steps() / 20));
@@ -136,6 +137,7 @@ TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train) {
   TrainOptions o;
   o.steps = static_cast<int64_t>(train.steps());
   o.batch_size = train.batch_size();
+  o.grad_accum_steps = train.grad_accum_steps();
   o.lr = train.lr();
   o.min_lr = train.min_lr();
   o.warmup_steps = static_cast<int64_t>(train.warmup_steps());

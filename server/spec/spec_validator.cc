@@ -275,6 +275,13 @@ void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
   p.Range<uint64_t>("train.steps", t.steps(), 1, 1000000000);
   p.Range<uint32_t>("train.eval_batches", t.eval_batches(), 1, 1000);
   p.Range<uint32_t>("train.batch_size", t.batch_size(), 1, 65536);
+  p.Range<uint32_t>("train.grad_accum_steps", t.grad_accum_steps(), 1, 65536);
+  if (t.grad_accum_steps() > 0 && t.batch_size() % t.grad_accum_steps() != 0) {
+    p.Invalid(absl::StrCat("train.grad_accum_steps: ", t.grad_accum_steps(),
+                           " micro-batches do not split train.batch_size ", t.batch_size(),
+                           "; use a train.grad_accum_steps that divides it, or a train.batch_size that is a "
+                           "multiple of it"));
+  }
   if (!(t.lr() > 0 && t.lr() <= 10)) {
     p.Invalid(absl::StrCat("train.lr: ", t.lr(), " is out of range; use a value above 0, "
                            "typically 1e-4 to 3e-3"));
@@ -469,6 +476,12 @@ bool CheckParallel(Problems& p, const JobSpec& spec) {
   if (parallel.data() > 1 && spec.train().batch_size() % parallel.data() != 0) {
     p.Invalid(absl::StrCat("train.batch_size: ", spec.train().batch_size(), " does not split across ",
                            parallel.data(), " data-parallel ranks; use a multiple of ", parallel.data()));
+  } else if (parallel.data() > 1 && spec.train().grad_accum_steps() > 1 &&
+             spec.train().batch_size() % (uint64_t{spec.train().grad_accum_steps()} * parallel.data()) != 0) {
+    const uint64_t split = uint64_t{spec.train().grad_accum_steps()} * parallel.data();
+    p.Invalid(absl::StrCat("train.batch_size: ", spec.train().batch_size(), " does not split into ",
+                           spec.train().grad_accum_steps(), " micro-batches (train.grad_accum_steps) on each of ",
+                           parallel.data(), " data-parallel ranks; use a multiple of ", split));
   }
   return splits;
 }

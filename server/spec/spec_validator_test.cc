@@ -477,6 +477,28 @@ TEST(SpecValidatorTest, ParallelShapes) {
       << batch;
 }
 
+TEST(SpecValidatorTest, GradientAccumulationSplitsTheBatch) {
+  JobSpec spec = Resolved("data: {synthetic: {}}");
+  EXPECT_EQ(spec.train().grad_accum_steps(), 1u) << "no accumulation by default";
+  EXPECT_EQ(ToTrainOptions(spec.train()).grad_accum_steps, 1);
+  JobSpec four = Resolved("data: {synthetic: {}}\ntrain: {batch_size: 8, grad_accum_steps: 4}");
+  EXPECT_TRUE(ValidateSpec(four, Machine()).ok());
+  EXPECT_EQ(ToTrainOptions(four.train()).grad_accum_steps, 4);
+  auto check = [&](const std::string& yaml) { return ValidateSpec(Resolved(yaml), Machine()); };
+  EXPECT_TRUE(check("data: {synthetic: {}}\ntrain: {batch_size: 8, grad_accum_steps: 2}\nparallel: {data: 2}").ok());
+  absl::Status odd = check("data: {synthetic: {}}\ntrain: {batch_size: 8, grad_accum_steps: 3}");
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.message().find("train.grad_accum_steps: 3 micro-batches do not split train.batch_size 8"),
+            std::string::npos)
+      << odd;
+  absl::Status ranks = check("data: {synthetic: {}}\ntrain: {batch_size: 8, grad_accum_steps: 4}\nparallel: {data: 4}");
+  EXPECT_EQ(ranks.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ranks.message().find("train.batch_size: 8 does not split into 4 micro-batches (train.grad_accum_steps) "
+                                 "on each of 4 data-parallel ranks; use a multiple of 16"),
+            std::string::npos)
+      << ranks;
+}
+
 TEST(SpecValidatorTest, MixedPrecisionAndItsLossScale) {
   for (const char* precision : {"fp16", "bf16"}) {
     JobSpec spec = Resolved(std::string("data: {synthetic: {}}\ntrain: {precision: ") + precision + "}");
