@@ -19,7 +19,10 @@
 #include "absl/time/clock.h"
 #include "client/format.h"
 #include "client/memory_svg.h"
-#include "engine/data/byte_tokenizer.h"
+#include "engine/data/sentencepiece_tokenizer.h"
+#include "engine/data/token_file.h"
+#include "engine/data/token_file_writer.h"
+#include "engine/data/tokenizer_loader.h"
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "server/common/enum_names.h"
 #include "server/common/files.h"
@@ -28,6 +31,8 @@
 
 namespace ferry {
 namespace {
+
+std::string JsonQuote(const std::string& s);
 
 using ferry::v1::Job;
 using ferry::v1::JobEvent;
@@ -149,6 +154,7 @@ class Cli {
   int Info(const std::vector<std::string>& args);
   int Memory(const std::vector<std::string>& args);
   int Data(const std::vector<std::string>& args);
+  int TrainTokenizer(const std::vector<std::string>& inputs);
   int Export(const std::vector<std::string>& args);
   int Top(const std::vector<std::string>& args);
   int Completion(const std::vector<std::string>& args);
@@ -442,24 +448,93 @@ int Cli::Memory(const std::vector<std::string>& args) {
 }
 
 int Cli::Data(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] != "prepare") return Usage("use: ferry data prepare --out=FILE TEXT_FILE...");
+  constexpr char kUse[] =
+      "use: ferry data prepare [--tokenizer=byte|gpt2|sentencepiece] --out=FILE TEXT_FILE..., or "
+      "ferry data train-tokenizer --vocab_size=N --model_type=bpe|unigram --out=PREFIX TEXT_FILE...";
+  if (args.empty()) return Usage(kUse);
+  if (args[0] == "train-tokenizer") return TrainTokenizer(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] != "prepare") return Usage(kUse);
   const std::vector<std::string> inputs(args.begin() + 1, args.end());
   if (inputs.empty()) return Usage("data prepare needs at least one text file");
   if (options_.out_path.empty()) return Usage("data prepare needs --out=FILE");
+  TokenizerSpec spec{options_.tokenizer, {}};
+  const std::string& kind = options_.tokenizer;
+  if (kind == kGpt2Tokenizer) {
+    if (options_.vocab_path.empty() || options_.merges_path.empty()) {
+      return Usage("--tokenizer=gpt2 needs --vocab=vocab.json and --merges=merges.txt");
+    }
+    spec.files = {options_.vocab_path, options_.merges_path};
+  } else if (kind == kSentencePieceTokenizer) {
+    if (options_.sp_model_path.empty()) return Usage("--tokenizer=sentencepiece needs --sp_model=FILE.model");
+    spec.files = {options_.sp_model_path};
+  } else if (kind != kByteTokenizer) {
+    return Usage(absl::StrCat("--tokenizer: '", kind, "' is not one of byte, gpt2, sentencepiece"));
+  }
+  if (kind != kGpt2Tokenizer && (!options_.vocab_path.empty() || !options_.merges_path.empty())) {
+    return Usage("--vocab and --merges go with --tokenizer=gpt2");
+  }
+  if (kind != kSentencePieceTokenizer && !options_.sp_model_path.empty()) {
+    return Usage("--sp_model goes with --tokenizer=sentencepiece");
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(spec);
+  if (!tokenizer.ok()) {
+    err_ << "ferry: " << tokenizer.status().message() << "\n";
+    return kExitUsage;
+  }
+  // Progress: each input as it ends, and every 64 MiB within a long one.
+  constexpr int64_t kProgressBytes = int64_t{64} << 20;
+  int64_t next_report = kProgressBytes;
+  const absl::Time start = absl::Now();
   absl::StatusOr<PrepareStats> stats = PrepareTokenFile(
-      inputs, options_.out_path, [&](const std::string& file, int64_t tokens) {
-        if (!options_.json) err_ << "  " << file << "  (" << tokens << " tokens so far)\n";
+      inputs, options_.out_path, **tokenizer, [&](const std::string& file, bool done, const PrepareStats& so_far) {
+        if (options_.json || (!done && so_far.bytes < next_report)) return;
+        next_report = so_far.bytes + kProgressBytes;
+        err_ << "  " << file << (done ? "" : " ...") << "  (" << so_far.tokens << " tokens so far)\n";
       });
   if (!stats.ok()) {
     err_ << "ferry: " << stats.status().message() << "\n";
     return kExitUsage;
   }
+  const double seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
+  const int64_t vocab_size = (*tokenizer)->vocab_size();
+  const int token_bytes = TokenBytesFor(vocab_size);
   if (options_.json) {
-    out_ << Structured(absl::StrFormat("{\"path\": \"%s\", \"files\": %d, \"tokens\": %d, \"vocab_size\": %d}\n",
-                            options_.out_path, stats->files, stats->tokens, kByteVocabSize));
+    out_ << Structured(absl::StrFormat(
+        "{\"path\": %s, \"files\": %d, \"tokens\": %d, \"tokenizer\": %s, \"vocab_size\": %d, \"token_bytes\": %d, "
+        "\"seconds\": %.3f, \"tokens_per_second\": %.0f}\n",
+        JsonQuote(options_.out_path), stats->files, stats->tokens, JsonQuote(kind), vocab_size, token_bytes, seconds,
+        static_cast<double>(stats->tokens) / seconds));
   } else {
-    out_ << absl::StrFormat("wrote %d tokens from %d files to %s (byte-level, vocab_size %d)\n",
-                            stats->tokens, stats->files, options_.out_path, kByteVocabSize);
+    out_ << absl::StrFormat(
+        "wrote %d tokens from %d files to %s (%s, vocab_size %d, %d-byte tokens) in %.2f s: %.0f tokens/s, %.1f MB/s of text\n",
+        stats->tokens, stats->files, options_.out_path, kind, vocab_size, token_bytes, seconds,
+        static_cast<double>(stats->tokens) / seconds, static_cast<double>(stats->bytes) / seconds / 1e6);
+  }
+  return kExitOk;
+}
+
+int Cli::TrainTokenizer(const std::vector<std::string>& inputs) {
+  if (inputs.empty()) return Usage("data train-tokenizer needs at least one text file");
+  if (options_.out_path.empty()) return Usage("data train-tokenizer needs --out=PREFIX (writes PREFIX.model)");
+  SentencePieceTrainOptions train;
+  train.vocab_size = options_.vocab_size;
+  train.model_type = options_.model_type;
+  train.output_prefix = options_.out_path;
+  const absl::Time start = absl::Now();
+  if (absl::Status s = TrainSentencePiece(inputs, train); !s.ok()) {
+    err_ << "ferry: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string model = options_.out_path + ".model";
+  if (options_.json) {
+    out_ << Structured(absl::StrFormat("{\"model\": %s, \"vocab_size\": %d, \"model_type\": %s, \"seconds\": %.3f}\n",
+                                       JsonQuote(model), train.vocab_size, JsonQuote(train.model_type), seconds));
+  } else {
+    out_ << absl::StrFormat(
+        "wrote %s and %s.vocab (%s, vocab_size %d) in %.1f s\n"
+        "tokenise with: ferry data prepare --tokenizer=sentencepiece --sp_model=%s --out=FILE TEXT_FILE...\n",
+        model, options_.out_path, train.model_type, train.vocab_size, seconds, model);
   }
   return kExitOk;
 }
@@ -529,8 +604,10 @@ _ferry() {
   done
   case "$cur" in
     -o=*|--o=*) COMPREPLY=($(compgen -P "${cur%%=*}=" -W "text table json yaml" -- "${cur#*=}")); return ;;
+    --tokenizer=*) COMPREPLY=($(compgen -P "--tokenizer=" -W "byte gpt2 sentencepiece" -- "${cur#*=}")); return ;;
+    --model_type=*) COMPREPLY=($(compgen -P "--model_type=" -W "bpe unigram" -- "${cur#*=}")); return ;;
     --state=*) COMPREPLY=($(compgen -P "--state=" -W "pending running succeeded failed cancelled" -- "${cur#*=}")); return ;;
-    -*) COMPREPLY=($(compgen -W "--address= --token= --tls_ca= --tls_cert= --tls_key= -o= --timeout= --wait --set= --request_id= --state= --limit= --rank= --svg= --out= --interval= --once" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
+    -*) COMPREPLY=($(compgen -W "--address= --token= --tls_ca= --tls_cert= --tls_key= -o= --timeout= --wait --set= --request_id= --state= --limit= --rank= --svg= --out= --tokenizer= --vocab= --merges= --sp_model= --vocab_size= --model_type= --interval= --once" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
   esac
   if [ -z "$cmd" ]; then
     COMPREPLY=($(compgen -W "submit list get watch cancel info memory top data export completion help" -- "$cur"))
@@ -540,7 +617,7 @@ _ferry() {
     submit) COMPREPLY=($(compgen -f -X '!*.@(yaml|yml|json)' -- "$cur")); compopt -o plusdirs 2>/dev/null ;;
     get|watch|cancel|memory|top|export)
       COMPREPLY=($(compgen -W "$(ferry list --limit=200 2>/dev/null | awk 'NR > 1 {print $1}')" -- "$cur")) ;;
-    data) COMPREPLY=($(compgen -W "prepare" -- "$cur")) ;;
+    data) COMPREPLY=($(compgen -W "prepare train-tokenizer" -- "$cur")) ;;
     completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")) ;;
   esac
 }
@@ -651,7 +728,14 @@ std::string CliUsage() {
                                                   draws it, period by period, as a picture
   top ID [--interval=S] [--once]                  a live view of a running job: progress, memory
                                                   per tier, bytes moved, where the step's time goes
-  data prepare --out=FILE TEXT_FILE...            tokenise text into a token file (byte-level)
+  data prepare --out=FILE TEXT_FILE...            tokenise text into a token file; --tokenizer=
+      [--tokenizer=byte|gpt2|sentencepiece]       byte (default), gpt2 (--vocab=vocab.json
+      [--vocab=F --merges=F | --sp_model=F]       --merges=merges.txt) or sentencepiece
+                                                  (--sp_model=FILE.model); the file's header
+                                                  records the tokenizer
+  data train-tokenizer --vocab_size=N             train a SentencePiece model on text files:
+      --model_type=bpe|unigram --out=PREFIX       writes PREFIX.model and PREFIX.vocab
+      TEXT_FILE...
   export ID OUT.safetensors                       write a job's latest checkpointed weights as
                                                   safetensors (Hugging Face GPT-2 names, fp32)
   completion bash|zsh                             print shell completion (source <(ferry completion bash))

@@ -44,8 +44,18 @@ struct CliOptions {
   std::vector<std::string> states;
   // list: at most this many jobs.
   int limit = 1000;
-  // data prepare: the token file to write.
+  // data prepare: the token file to write; data train-tokenizer: the
+  // model's PREFIX (PREFIX.model, PREFIX.vocab).
   std::string out_path;
+  // data prepare: byte, gpt2 (vocab_path, merges_path) or sentencepiece
+  // (sp_model_path).
+  std::string tokenizer = "byte";
+  std::string vocab_path;
+  std::string merges_path;
+  std::string sp_model_path;
+  // data train-tokenizer: pieces in the model, and bpe or unigram.
+  int64_t vocab_size = 8000;
+  std::string model_type = "unigram";
   // memory: which rank of a parallel job.
   int rank = 0;
   // watch: how long to keep trying to reconnect before giving up.

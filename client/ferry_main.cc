@@ -22,7 +22,13 @@ ABSL_FLAG(std::string, request_id, "", "submit: idempotency key (default: a fres
 ABSL_FLAG(double, timeout, 10, "Seconds to wait for each answer.");
 ABSL_FLAG(std::vector<std::string>, state, {}, "list: only jobs in these states.");
 ABSL_FLAG(int, limit, 1000, "list: at most this many jobs.");
-ABSL_FLAG(std::string, out, "", "data prepare: the token file to write.");
+ABSL_FLAG(std::string, out, "", "data prepare: the token file to write; data train-tokenizer: the model's PREFIX.");
+ABSL_FLAG(std::string, tokenizer, "byte", "data prepare: byte, gpt2 (--vocab, --merges) or sentencepiece (--sp_model).");
+ABSL_FLAG(std::string, vocab, "", "data prepare --tokenizer=gpt2: GPT-2's vocab.json.");
+ABSL_FLAG(std::string, merges, "", "data prepare --tokenizer=gpt2: GPT-2's merges.txt.");
+ABSL_FLAG(std::string, sp_model, "", "data prepare --tokenizer=sentencepiece: the .model file.");
+ABSL_FLAG(int64_t, vocab_size, 8000, "data train-tokenizer: pieces in the model.");
+ABSL_FLAG(std::string, model_type, "unigram", "data train-tokenizer: bpe or unigram.");
 ABSL_FLAG(int, rank, 0, "memory, top: which rank of a parallel job.");
 ABSL_FLAG(std::string, svg, "", "memory: also draw the placement, period by period, into this SVG file.");
 ABSL_FLAG(double, interval, 1, "top: seconds between refreshes.");
@@ -96,6 +102,12 @@ int main(int argc, char** argv) {
   options.states = absl::GetFlag(FLAGS_state);
   options.limit = absl::GetFlag(FLAGS_limit);
   options.out_path = absl::GetFlag(FLAGS_out);
+  options.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  options.vocab_path = absl::GetFlag(FLAGS_vocab);
+  options.merges_path = absl::GetFlag(FLAGS_merges);
+  options.sp_model_path = absl::GetFlag(FLAGS_sp_model);
+  options.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  options.model_type = absl::GetFlag(FLAGS_model_type);
   if (absl::GetFlag(FLAGS_rank) < 0) {
     std::cerr << "ferry: --rank must be 0 or more\n";
     return ferry::kExitUsage;

@@ -11,6 +11,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev libgtest-dev
   libgmock-dev libgoogle-glog-dev libgflags-dev libsqlite3-dev libyaml-cpp-dev zlib1g-dev
+  # Tokenizers: PCRE2 for GPT-2's pre-tokenisation pattern, nlohmann/json for
+  # vocab.json and token file headers, SentencePiece.
+  libpcre2-dev nlohmann-json3-dev libsentencepiece-dev
   # An optimised BLAS for LibTorch: without it Debian falls back to the
   # reference BLAS, 20x slower at matrix products.
   libopenblas0-openmp
@@ -19,6 +22,9 @@ PACKAGES=(
   # for the job store's tests, strace for crashing a worker mid-checkpoint,
   # openssl for the certificates of the TLS tests.
   python3 python3-grpcio python3-protobuf python3-yaml curl sqlite3 python3-torch strace openssl
+  # The tokenizer tests' references: the regex module for GPT-2's pattern,
+  # SentencePiece's Python binding.
+  python3-regex python3-sentencepiece
   # Sanitizer and fuzzing builds (--config=asan, tsan, fuzz): clang, its
   # sanitizer and libFuzzer runtimes, llvm-symbolizer for their reports.
   clang-14 libclang-rt-14-dev llvm-14

@@ -1,15 +1,14 @@
 #pragma once
 
-// A byte-level tokenizer: token i is byte i (vocabulary of 256), and the tool
-// that turns text files into the token files TokenFileSource reads.
+// A byte-level tokenizer: token i is byte i (vocabulary of 256).
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/data/tokenizer.h"
 
 namespace ferry {
 
@@ -18,18 +17,16 @@ inline constexpr int64_t kByteVocabSize = 256;
 std::vector<uint16_t> EncodeBytes(absl::string_view text);
 std::string DecodeBytes(const std::vector<uint16_t>& tokens);
 
-struct PrepareStats {
-  int64_t files = 0;
-  int64_t tokens = 0;
-};
+class ByteTokenizer : public Tokenizer {
+ public:
+  ByteTokenizer() : spec_{kByteTokenizer, {}} {}
+  const TokenizerSpec& spec() const override { return spec_; }
+  int64_t vocab_size() const override { return kByteVocabSize; }
+  std::vector<uint32_t> Encode(absl::string_view text) override;
+  absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids) const override;
 
-// Tokenises `inputs` (files, concatenated in order) into `output` as flat
-// little-endian uint16 tokens. Writes a temporary file beside `output` and
-// renames it into place, so `output` is never left half-written.
-// `on_file`, if set, is called after each input with its path and the tokens
-// written so far.
-absl::StatusOr<PrepareStats> PrepareTokenFile(
-    const std::vector<std::string>& inputs, const std::string& output,
-    const std::function<void(const std::string&, int64_t)>& on_file = nullptr);
+ private:
+  TokenizerSpec spec_;
+};
 
 }  // namespace ferry

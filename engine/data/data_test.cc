@@ -9,8 +9,10 @@
 #include <string>
 
 #include "engine/data/byte_tokenizer.h"
+#include "engine/data/token_file.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/data/token_file_source.h"
+#include "engine/data/token_file_writer.h"
 
 namespace ferry {
 namespace {
@@ -34,25 +36,33 @@ TEST(ByteTokenizerTest, RoundTripsEveryByte) {
   EXPECT_EQ(DecodeBytes(tokens), text);
 }
 
-TEST(ByteTokenizerTest, PrepareConcatenatesFilesAsLittleEndianUint16) {
+TEST(ByteTokenizerTest, PrepareConcatenatesFilesAsLittleEndianUint16AfterTheHeader) {
   const std::string a = TempPath("a.txt"), b = TempPath("b.txt"), out = TempPath("tok.bin");
   WriteFile(a, "hi");
   WriteFile(b, "\xff!");
   std::vector<std::string> seen;
-  absl::StatusOr<PrepareStats> stats =
-      PrepareTokenFile({a, b}, out, [&](const std::string& f, int64_t) { seen.push_back(f); });
+  ByteTokenizer tokenizer;
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile(
+      {a, b}, out, tokenizer, [&](const std::string& f, bool done, const PrepareStats&) {
+        if (done) seen.push_back(f);
+      });
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->files, 2);
   EXPECT_EQ(stats->tokens, 4);
   EXPECT_EQ(seen.size(), 2u);
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(out);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tokenizer.kind, "byte");
+  EXPECT_EQ(info->token_count, 4);
   std::ifstream in(out, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(bytes, std::string("h\0i\0\xff\0!\0", 8));
+  EXPECT_EQ(bytes.substr(info->data_offset), std::string("h\0i\0\xff\0!\0", 8));
 }
 
 TEST(ByteTokenizerTest, MissingInputLeavesNoOutput) {
   const std::string out = TempPath("never.bin");
-  absl::StatusOr<PrepareStats> stats = PrepareTokenFile({TempPath("missing.txt")}, out);
+  ByteTokenizer tokenizer;
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile({TempPath("missing.txt")}, out, tokenizer);
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(std::ifstream(out).good());
 }
@@ -131,6 +141,133 @@ TEST(TokenFileSourceTest, RejectsBadFilesWithTheFieldAndTheFix) {
 
   s = TokenFileSource::Open(TempPath("absent.bin"), 256, 2, 1);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+}
+
+// A tokenizer with a large vocabulary: token i+70000 for byte i.
+class WideTokenizer : public Tokenizer {
+ public:
+  const TokenizerSpec& spec() const override { return spec_; }
+  int64_t vocab_size() const override { return 70256; }
+  std::vector<uint32_t> Encode(absl::string_view text) override {
+    std::vector<uint32_t> ids;
+    for (char c : text) ids.push_back(70000u + static_cast<unsigned char>(c));
+    return ids;
+  }
+  absl::StatusOr<std::string> Decode(absl::Span<const uint32_t>) const override { return std::string(); }
+
+ private:
+  TokenizerSpec spec_{"wide", {"relative/wide.model"}};
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(TokenFileTest, HeaderRoundTrips) {
+  TokenFileInfo info;
+  info.tokenizer = {"gpt2", {"/models/vocab.json", "/models/merges \"x\".txt"}};
+  info.vocab_size = 50257;
+  info.token_bytes = 2;
+  info.token_count = 3;
+  const std::string header = EncodeTokenFileHeader(info);
+  EXPECT_EQ(header.size() % 8, 0u);
+  EXPECT_EQ(header.substr(0, 8), "FERRYTOK");
+  absl::StatusOr<TokenFileInfo> back = ParseTokenFileHeader(header + std::string(6, '\0'), header.size() + 6, "f");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->has_header);
+  EXPECT_EQ(back->tokenizer, info.tokenizer);
+  EXPECT_EQ(back->vocab_size, 50257);
+  EXPECT_EQ(back->token_bytes, 2);
+  EXPECT_EQ(back->token_count, 3);
+  EXPECT_EQ(back->data_offset, header.size());
+}
+
+TEST(TokenFileTest, LargeVocabulariesGetUint32TokensAndReadBack) {
+  const std::string in = TempPath("wide.txt"), out = TempPath("wide.bin");
+  WriteFile(in, std::string("abcdefghij\nklmnop", 17));
+  WideTokenizer tokenizer;
+  absl::StatusOr<PrepareStats> stats = PrepareTokenFile({in}, out, tokenizer);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(out);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->token_bytes, 4);
+  EXPECT_EQ(info->vocab_size, 70256);
+  EXPECT_EQ(info->token_count, 17);
+  EXPECT_EQ(info->data_offset % 8, 0u);
+  // Recorded absolute.
+  ASSERT_EQ(info->tokenizer.files.size(), 1u);
+  EXPECT_EQ(info->tokenizer.files[0][0], '/');
+  auto source = TokenFileSource::Open(out, 70256, 17, 1);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<int64_t> tokens;
+  (*source)->SampleWindows(1, 17, &tokens);
+  EXPECT_EQ(tokens[0], 70000 + 'a');
+  EXPECT_EQ(tokens[10], 70000 + '\n');
+  EXPECT_EQ(tokens[16], 70000 + 'p');
+  // A model with a smaller vocabulary: refused naming both sizes.
+  auto small = TokenFileSource::Open(out, 50000, 17, 1);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("70256"), std::string::npos);
+  EXPECT_NE(small.status().message().find("50000"), std::string::npos);
+}
+
+TEST(TokenFileTest, FlatFilesStillReadAsUint16WithoutATokenizer) {
+  const std::string path = TempPath("flat.bin");
+  WriteFile(path, std::string("a\0b\0c\0", 6));
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(path);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->has_header);
+  EXPECT_TRUE(info->tokenizer.kind.empty());
+  EXPECT_EQ(info->vocab_size, 0);
+  EXPECT_EQ(info->token_count, 3);
+  auto source = TokenFileSource::Open(path, 256, 3, 1);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<int64_t> tokens;
+  (*source)->SampleWindows(1, 3, &tokens);
+  EXPECT_EQ(tokens, (std::vector<int64_t>{'a', 'b', 'c'}));
+}
+
+TEST(TokenFileTest, TruncatedOrDamagedHeadersAreRefusedNamingTheFile) {
+  const std::string in = TempPath("h.txt"), good = TempPath("good.bin");
+  WriteFile(in, "hello world");
+  ByteTokenizer tokenizer;
+  ASSERT_TRUE(PrepareTokenFile({in}, good, tokenizer).ok());
+  const std::string bytes = ReadAll(good);
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(good);
+  ASSERT_TRUE(info.ok()) << info.status();
+  const size_t offset = info->data_offset;
+  auto damaged = [&](const std::string& name, std::string b, const std::string& expect) {
+    const std::string path = TempPath(name);
+    WriteFile(path, b);
+    absl::StatusOr<TokenFileInfo> r = ReadTokenFileInfo(path);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status();
+    auto source = TokenFileSource::Open(path, 256, 2, 1);
+    EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument) << name;
+  };
+  damaged("t12.bin", bytes.substr(0, 12), "truncated");
+  damaged("t40.bin", bytes.substr(0, 40), "truncated");
+  damaged("tdata.bin", bytes.substr(0, bytes.size() - 2), "truncated or appended to");
+  damaged("appended.bin", bytes + "xx", "truncated or appended to");
+  std::string b = bytes;
+  b[8] = 9;
+  damaged("version.bin", b, "format version 9");
+  b = bytes;
+  b[12] = b[13] = b[14] = b[15] = '\xff';
+  damaged("length.bin", b, "description of");
+  b = bytes;
+  b[16] = '[';
+  damaged("json.bin", b, "not a JSON object");
+  b = bytes;
+  b.replace(b.find("\"vocab_size\""), 12, "\"vocab_sizX\"");
+  damaged("field.bin", b, "vocab_size");
+  b = bytes;
+  b.replace(b.find("\"token_bytes\":2"), 15, "\"token_bytes\":3");
+  damaged("width.bin", b, "token_bytes");
+  EXPECT_GT(offset, 16u);
 }
 
 TEST(SyntheticSourceTest, EveryTransitionFollowsTheChain) {

@@ -6,16 +6,20 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/data/token_file.h"
 #include "engine/data/token_source.h"
 
 namespace ferry {
 
-// Random windows from a token file: flat little-endian uint16 tokens. The
-// file is memory-mapped read-only; window starts are uniform over the file.
+// Random windows from a token file (token_file.h): one with a header, of
+// uint16 or uint32 tokens, or a flat file of uint16 tokens. The file is
+// memory-mapped read-only; window starts are uniform over its tokens.
 class TokenFileSource : public TokenSource {
  public:
-  // Opens and checks the file: its size is a whole number of tokens, it holds
-  // at least `window` tokens, and every token is below `vocab_size`.
+  // Opens and checks the file: its header (if any) is whole and records a
+  // vocabulary no larger than `vocab_size` (else INVALID_ARGUMENT naming
+  // both), its size is a whole number of tokens, it holds at least `window`
+  // tokens, and every token is below `vocab_size`.
   static absl::StatusOr<std::unique_ptr<TokenFileSource>> Open(const std::string& path,
                                                                int64_t vocab_size,
                                                                int64_t window, uint64_t seed);
@@ -34,12 +38,17 @@ class TokenFileSource : public TokenSource {
   }
 
   int64_t token_count() const { return token_count_; }
+  const TokenFileInfo& info() const { return info_; }
 
  private:
-  TokenFileSource(const uint16_t* data, size_t mapped_bytes, int64_t token_count, uint64_t seed);
+  TokenFileSource(void* mapped, size_t mapped_bytes, TokenFileInfo info, uint64_t seed);
+  int64_t Token(int64_t i) const;
 
-  const uint16_t* data_;
+  void* mapped_;
   size_t mapped_bytes_;
+  TokenFileInfo info_;
+  // The first token.
+  const unsigned char* data_;
   int64_t token_count_;
   std::mt19937_64 rng_;
 };

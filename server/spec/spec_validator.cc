@@ -17,6 +17,7 @@
 #include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
 #include "engine/checkpoint/safetensors.h"
+#include "engine/data/token_file.h"
 #include "engine/memory/chunk_layout.h"
 #include "engine/model/gpt2_weights.h"
 #include "engine/model/gpt_config.h"
@@ -183,10 +184,6 @@ void CheckData(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
     return;
   }
   const bool path_ok = CheckPath(p, "data.path", path, PathKind::kFile, machine);
-  if (spec.model().vocab_size() > 65536) {
-    p.Invalid(absl::StrCat("model.vocab_size: ", spec.model().vocab_size(),
-                           " does not fit token files of uint16 tokens; use at most 65536"));
-  }
   if (!machine.check_files || !path_ok) return;
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
@@ -199,12 +196,26 @@ void CheckData(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
     p.Precondition(absl::StrCat("data.path: ", path, " is not a regular file"));
     return;
   }
-  if (st.st_size % 2 != 0) {
-    p.Precondition(absl::StrCat("data.path: ", path, " has an odd size (", st.st_size,
-                                " bytes), so it is not a file of uint16 tokens; write it with "
-                                "`ferry data prepare`"));
-  } else if (static_cast<uint64_t>(st.st_size) / 2 < window) {
-    p.Precondition(absl::StrCat("data.path: ", path, " holds ", st.st_size / 2,
+  // The header, read as the worker will open the file.
+  absl::StatusOr<UniqueFd> fd = OpenConfinedFile(machine.allowed_roots, "data.path", path);
+  if (!fd.ok()) {
+    p.Add(fd.status());
+    return;
+  }
+  absl::StatusOr<TokenFileInfo> info = ReadTokenFileInfo(fd->get(), path);
+  if (!info.ok()) {
+    p.Add(absl::Status(info.status().code(), absl::StrCat("data.path: ", info.status().message())));
+    return;
+  }
+  const uint32_t model_vocab = spec.model().vocab_size();
+  if (model_vocab > 0 && info->vocab_size > model_vocab) {
+    p.Invalid(absl::StrCat("data.path: ", path, " was tokenised (", info->tokenizer.kind, ") with a vocabulary of ",
+                           info->vocab_size, ", larger than model.vocab_size ", model_vocab,
+                           "; set model.vocab_size to at least ", info->vocab_size,
+                           ", or prepare the data with the model's tokenizer"));
+  }
+  if (static_cast<uint64_t>(info->token_count) < window) {
+    p.Precondition(absl::StrCat("data.path: ", path, " holds ", info->token_count,
                                 " tokens, fewer than one window of model.seq_len + 1 = ", window,
                                 "; use more data or a shorter seq_len"));
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/checkpoint/safetensors.h"
+#include "engine/data/token_file.h"
 #include "engine/model/gpt2_weights.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
@@ -196,7 +197,7 @@ TEST(SpecValidatorTest, DataFileProblemsAreFailedPrecondition) {
   const auto kPrecondition = absl::StatusCode::kFailedPrecondition;
   ExpectProblem("data: {path: /nonexistent/tokens.bin}", kPrecondition,
                 "data.path: /nonexistent/tokens.bin does not exist");
-  ExpectProblem("data: {path: " + TempFile("odd.bin", 301) + "}", kPrecondition, "odd size");
+  ExpectProblem("data: {path: " + TempFile("odd.bin", 301) + "}", kPrecondition, "not a whole number of uint16 tokens");
   ExpectProblem("data: {path: " + TempFile("short.bin", 100) + "}", kPrecondition,
                 "fewer than one window");
   ExpectProblem("data: {path: /tmp}", kPrecondition, "not a regular file");
@@ -205,6 +206,43 @@ TEST(SpecValidatorTest, DataFileProblemsAreFailedPrecondition) {
   MachineFacts no_files = Machine();
   no_files.check_files = false;
   EXPECT_TRUE(ValidateSpec(Resolved("data: {path: /nonexistent/t.bin}"), no_files).ok());
+}
+
+// A token file with a header recording `vocab_size`, holding `tokens` zeros.
+std::string HeaderTokenFile(const std::string& name, int64_t vocab_size, int64_t tokens) {
+  TokenFileInfo info;
+  info.tokenizer = {"gpt2", {"/models/vocab.json", "/models/merges.txt"}};
+  info.vocab_size = vocab_size;
+  info.token_bytes = TokenBytesFor(vocab_size);
+  info.token_count = tokens;
+  const std::string path = TempFile(name, 0);
+  std::ofstream out(path, std::ios::binary);
+  out << EncodeTokenFileHeader(info) << std::string(static_cast<size_t>(tokens * info.token_bytes), '\0');
+  return path;
+}
+
+TEST(SpecValidatorTest, ATokenFileWithALargerVocabularyThanTheModelIsInvalid) {
+  const std::string path = HeaderTokenFile("gpt2.bin", 50257, 2000);
+  absl::Status s = ValidateSpec(Resolved("data: {path: " + path + "}\nmodel: {vocab_size: 256}"), Machine());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("data.path: " + path), std::string::npos) << s;
+  EXPECT_NE(s.message().find("50257"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("model.vocab_size 256"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("set model.vocab_size to at least 50257"), std::string::npos) << s;
+  EXPECT_TRUE(ValidateSpec(Resolved("data: {path: " + path + "}\nmodel: {vocab_size: 50304}"), Machine()).ok());
+  // uint32 tokens: vocabularies above 65536 are fine now.
+  const std::string wide = HeaderTokenFile("wide.bin", 100000, 2000);
+  EXPECT_TRUE(ValidateSpec(Resolved("data: {path: " + wide + "}\nmodel: {vocab_size: 100000}"), Machine()).ok());
+  // Too few tokens: counted from the header, not the file's size.
+  ExpectProblem("data: {path: " + HeaderTokenFile("few.bin", 256, 10) + "}", absl::StatusCode::kFailedPrecondition,
+                "holds 10 tokens");
+  // A damaged header.
+  const std::string damaged = HeaderTokenFile("damaged.bin", 256, 2000);
+  std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(8);
+  f.put(7);
+  f.close();
+  ExpectProblem("data: {path: " + damaged + "}", absl::StatusCode::kInvalidArgument, "damaged token file header");
 }
 
 // A file system for the disk tier with `free` bytes free.
