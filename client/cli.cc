@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/format.h"
 #include "client/memory_svg.h"
@@ -156,6 +158,7 @@ class Cli {
   int Data(const std::vector<std::string>& args);
   int TrainTokenizer(const std::vector<std::string>& inputs);
   int Export(const std::vector<std::string>& args);
+  int Generate(const std::vector<std::string>& args);
   int Top(const std::vector<std::string>& args);
   int Completion(const std::vector<std::string>& args);
   // Structured output (-o json or -o yaml) of JSON text.
@@ -187,6 +190,7 @@ int Cli::Run(const std::vector<std::string>& args) {
   if (command == "memory") return Memory(rest);
   if (command == "data") return Data(rest);
   if (command == "export") return Export(rest);
+  if (command == "generate") return Generate(rest);
   if (command == "top") return Top(rest);
   if (command == "completion") return Completion(rest);
   if (command == "help") {
@@ -607,15 +611,15 @@ _ferry() {
     --tokenizer=*) COMPREPLY=($(compgen -P "--tokenizer=" -W "byte gpt2 sentencepiece" -- "${cur#*=}")); return ;;
     --model_type=*) COMPREPLY=($(compgen -P "--model_type=" -W "bpe unigram" -- "${cur#*=}")); return ;;
     --state=*) COMPREPLY=($(compgen -P "--state=" -W "pending running succeeded failed cancelled" -- "${cur#*=}")); return ;;
-    -*) COMPREPLY=($(compgen -W "--address= --token= --tls_ca= --tls_cert= --tls_key= -o= --timeout= --wait --set= --request_id= --state= --limit= --rank= --svg= --out= --tokenizer= --vocab= --merges= --sp_model= --vocab_size= --model_type= --interval= --once" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
+    -*) COMPREPLY=($(compgen -W "--address= --token= --tls_ca= --tls_cert= --tls_key= -o= --timeout= --wait --set= --request_id= --state= --limit= --rank= --svg= --out= --tokenizer= --vocab= --merges= --sp_model= --vocab_size= --model_type= --interval= --once --prompt= --prompt_ids= --max_tokens= --temperature= --top_k= --top_p= --seed= --weights= --heads=" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
   esac
   if [ -z "$cmd" ]; then
-    COMPREPLY=($(compgen -W "submit list get watch cancel info memory top data export completion help" -- "$cur"))
+    COMPREPLY=($(compgen -W "submit list get watch cancel info memory top data export generate completion help" -- "$cur"))
     return
   fi
   case "$cmd" in
     submit) COMPREPLY=($(compgen -f -X '!*.@(yaml|yml|json)' -- "$cur")); compopt -o plusdirs 2>/dev/null ;;
-    get|watch|cancel|memory|top|export)
+    get|watch|cancel|memory|top|export|generate)
       COMPREPLY=($(compgen -W "$(ferry list --limit=200 2>/dev/null | awk 'NR > 1 {print $1}')" -- "$cur")) ;;
     data) COMPREPLY=($(compgen -W "prepare train-tokenizer" -- "$cur")) ;;
     completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")) ;;
@@ -708,6 +712,125 @@ int Cli::Export(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+
+// An absolute path for the daemon: relative ones are taken from here.
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
+int Cli::Generate(const std::vector<std::string>& args) {
+  ferry::v1::GenerateRequest request;
+  const bool from_weights = !options_.weights_path.empty();
+  if (from_weights) {
+    if (!args.empty()) return Usage("generate takes a job id or --weights=FILE, not both");
+    request.set_weights_path(Absolute(options_.weights_path));
+    if (options_.heads < 0) return Usage("--heads: give the model's attention heads, a positive number");
+    request.set_heads(static_cast<uint32_t>(options_.heads));
+    if (options_.tokenizer_given) {
+      const std::string& kind = options_.tokenizer_given && options_.tokenizer == kByteTokenizer &&
+                                        (!options_.vocab_path.empty() || !options_.sp_model_path.empty())
+                                    ? (!options_.vocab_path.empty() ? std::string(kGpt2Tokenizer)
+                                                                    : std::string(kSentencePieceTokenizer))
+                                    : options_.tokenizer;
+      request.set_tokenizer(kind);
+      if (kind == kGpt2Tokenizer) {
+        if (options_.vocab_path.empty() || options_.merges_path.empty()) {
+          return Usage("--tokenizer=gpt2 needs --vocab=vocab.json and --merges=merges.txt");
+        }
+        request.add_tokenizer_files(Absolute(options_.vocab_path));
+        request.add_tokenizer_files(Absolute(options_.merges_path));
+      } else if (kind == kSentencePieceTokenizer) {
+        if (options_.sp_model_path.empty()) return Usage("--tokenizer=sentencepiece needs --sp_model=FILE.model");
+        request.add_tokenizer_files(Absolute(options_.sp_model_path));
+      } else if (kind != kByteTokenizer) {
+        return Usage(absl::StrCat("--tokenizer: '", kind, "' is not one of byte, gpt2, sentencepiece"));
+      }
+    }
+  } else {
+    if (args.size() != 1) return Usage("generate takes one job id (or --weights=FILE.safetensors)");
+    if (options_.tokenizer_given || options_.heads != 0) {
+      return Usage("--tokenizer, --vocab, --merges, --sp_model and --heads go with --weights; a job's tokenizer is "
+                   "the one its token file records");
+    }
+    request.set_job_id(args[0]);
+  }
+  if (options_.prompt.empty() == options_.prompt_ids.empty()) {
+    return Usage("generate needs --prompt=TEXT or --prompt_ids=1,2,3 (one of them)");
+  }
+  request.set_prompt(options_.prompt);
+  if (!options_.prompt_ids.empty()) {
+    for (absl::string_view part : absl::StrSplit(options_.prompt_ids, ',')) {
+      uint32_t id = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+        return Usage(absl::StrCat("--prompt_ids: '", part, "' is not a token id; give ids such as 1,2,3"));
+      }
+      request.add_prompt_ids(id);
+    }
+  }
+  if (options_.max_tokens < 1 || options_.max_tokens > 4096) {
+    return Usage(absl::StrCat("--max_tokens: ", options_.max_tokens, " is outside 1 .. 4096"));
+  }
+  if (options_.top_k < 0) return Usage("--top_k: give 0 (all tokens) or a positive count");
+  request.mutable_max_tokens()->set_value(static_cast<uint32_t>(options_.max_tokens));
+  request.mutable_temperature()->set_value(options_.temperature);
+  request.set_top_k(static_cast<uint32_t>(std::min<int64_t>(options_.top_k, UINT32_MAX)));
+  request.mutable_top_p()->set_value(options_.top_p);
+  request.set_seed(options_.seed);
+  // No deadline: a large model takes a while to restore.
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<ferry::v1::GenerateResponse>> reader = Stub().Generate(&ctx, request);
+  ferry::v1::GenerateResponse response;
+  ferry::v1::GenerateSummary summary;
+  std::string text;
+  std::vector<uint32_t> ids;
+  ferry::v1::GenerateStarted started;
+  while (reader->Read(&response)) {
+    if (response.has_started()) {
+      started = response.started();
+      continue;
+    }
+    if (response.has_summary()) {
+      summary = response.summary();
+      continue;
+    }
+    ids.push_back(response.token().id());
+    text += response.token().text();
+    if (options_.json) continue;
+    // As it comes: the text, or for a model without a tokenizer the ids.
+    if (started.tokenizer().empty()) {
+      out_ << (ids.size() > 1 ? " " : "") << response.token().id();
+    } else {
+      out_ << response.token().text();
+    }
+    out_.flush();
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    if (!options_.json && !ids.empty()) out_ << "\n";
+    return Report(status);
+  }
+  text += summary.text();
+  if (options_.json) {
+    std::vector<std::string> id_text;
+    for (uint32_t id : ids) id_text.push_back(absl::StrCat(id));
+    out_ << Structured(absl::StrFormat(
+        "{\"model\": %s, \"step\": %d, \"tokenizer\": %s, \"text\": %s, \"ids\": [%s], \"prompt_tokens\": %d, "
+        "\"generated_tokens\": %d, \"seconds\": %.3f, \"first_token_seconds\": %.3f}\n",
+        JsonQuote(from_weights ? request.weights_path() : request.job_id()), summary.step(),
+        JsonQuote(summary.tokenizer()), JsonQuote(text), absl::StrJoin(id_text, ", "), summary.prompt_tokens(),
+        summary.generated_tokens(), summary.seconds(), summary.first_token_seconds()));
+    return kExitOk;
+  }
+  out_ << summary.text() << "\n";
+  err_ << absl::StrFormat("(%d tokens after a prompt of %d in %.2f s%s)\n", summary.generated_tokens(),
+                          summary.prompt_tokens(), summary.seconds(),
+                          from_weights ? std::string() : absl::StrCat(", step ", summary.step()));
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, const CliOptions& options, std::ostream& out,
@@ -738,6 +861,11 @@ std::string CliUsage() {
       TEXT_FILE...
   export ID OUT.safetensors                       write a job's latest checkpointed weights as
                                                   safetensors (Hugging Face GPT-2 names, fp32)
+  generate ID --prompt=TEXT | --prompt_ids=1,2,3  continue a prompt with the job's newest checkpoint,
+      [--max_tokens=64] [--temperature=1]         printing the text as it comes (ids for a job
+      [--top_k=K] [--top_p=P] [--seed=S]          without a tokenizer); --temperature=0 is greedy
+  generate --weights=FILE.safetensors [--heads=N] the same from an exported weights file, with a
+      [--tokenizer=... --vocab= --merges= | --sp_model=]  tokenizer given as data prepare takes it
   completion bash|zsh                             print shell completion (source <(ferry completion bash))
 
   --address   ferryd's address (default $FERRY_ADDRESS, else 127.0.0.1:50051)

@@ -58,6 +58,20 @@ struct CliOptions {
   std::string model_type = "unigram";
   // memory: which rank of a parallel job.
   int rank = 0;
+  // generate: the prompt (a text, or comma-separated token ids), sampling
+  // (see ferry.v1.GenerateRequest), and instead of a job a GPT-2 weights
+  // file (with `heads` when the file does not say, and the tokenizer above
+  // when `tokenizer_given`).
+  std::string prompt;
+  std::string prompt_ids;
+  int64_t max_tokens = 64;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::string weights_path;
+  int64_t heads = 0;
+  bool tokenizer_given = false;
   // watch: how long to keep trying to reconnect before giving up.
   absl::Duration reconnect_for = absl::Minutes(2);
   // Sent with every call as `authorization: Bearer TOKEN`; empty sends none.

@@ -29,6 +29,15 @@ ABSL_FLAG(std::string, merges, "", "data prepare --tokenizer=gpt2: GPT-2's merge
 ABSL_FLAG(std::string, sp_model, "", "data prepare --tokenizer=sentencepiece: the .model file.");
 ABSL_FLAG(int64_t, vocab_size, 8000, "data train-tokenizer: pieces in the model.");
 ABSL_FLAG(std::string, model_type, "unigram", "data train-tokenizer: bpe or unigram.");
+ABSL_FLAG(std::string, prompt, "", "generate: the text to continue (needs a tokenizer).");
+ABSL_FLAG(std::string, prompt_ids, "", "generate: token ids to continue, comma-separated (e.g. 1,2,3).");
+ABSL_FLAG(int64_t, max_tokens, 64, "generate: tokens to generate (1 .. 4096).");
+ABSL_FLAG(double, temperature, 1.0, "generate: sampling temperature; 0 is greedy.");
+ABSL_FLAG(int64_t, top_k, 0, "generate: sample from the k most likely tokens only (0: all).");
+ABSL_FLAG(double, top_p, 1.0, "generate: sample from the most likely tokens whose probability reaches p (0 < p <= 1).");
+ABSL_FLAG(uint64_t, seed, 0, "generate: the sampler's seed.");
+ABSL_FLAG(std::string, weights, "", "generate: a GPT-2 safetensors file (ferry export's) instead of a job.");
+ABSL_FLAG(int64_t, heads, 0, "generate --weights: attention heads, when the file does not record n_head.");
 ABSL_FLAG(int, rank, 0, "memory, top: which rank of a parallel job.");
 ABSL_FLAG(std::string, svg, "", "memory: also draw the placement, period by period, into this SVG file.");
 ABSL_FLAG(double, interval, 1, "top: seconds between refreshes.");
@@ -113,6 +122,22 @@ int main(int argc, char** argv) {
     return ferry::kExitUsage;
   }
   options.rank = absl::GetFlag(FLAGS_rank);
+  options.prompt = absl::GetFlag(FLAGS_prompt);
+  options.prompt_ids = absl::GetFlag(FLAGS_prompt_ids);
+  options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  options.temperature = absl::GetFlag(FLAGS_temperature);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
+  options.top_p = absl::GetFlag(FLAGS_top_p);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.weights_path = absl::GetFlag(FLAGS_weights);
+  options.heads = absl::GetFlag(FLAGS_heads);
+  // generate --weights: a tokenizer only when one is named (data prepare's
+  // default of byte does not apply).
+  options.tokenizer_given = !options.vocab_path.empty() || !options.sp_model_path.empty();
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--tokenizer", 0) == 0 || arg.rfind("-tokenizer", 0) == 0) options.tokenizer_given = true;
+  }
   options.token = FlagOrEnv(absl::GetFlag(FLAGS_token), "FERRY_TOKEN");
   for (char c : options.token) {
     if (c <= ' ' || c >= 0x7f) {

@@ -8,6 +8,10 @@
 //                                                       write the job's latest
 //                                                       checkpointed weights
 //                                                       (GPT-2 layout)
+//   ferry-worker --generate=REQUEST.json [--spec=JOB.yaml]
+//                                                       text from the job's
+//                                                       newest checkpoint or
+//                                                       the request's weights
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -22,12 +26,16 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "server/worker/export_weights.h"
+#include "server/worker/generate_text.h"
 #include "server/worker/worker.h"
 
 ABSL_FLAG(std::string, spec, "", "Job file (YAML or JSON) to train.");
 ABSL_FLAG(std::string, export, "",
           "Write the job's latest weights (its newest checkpoint under checkpoint.dir) to this "
           "safetensors file, named and laid out as Hugging Face's GPT-2, and exit.");
+ABSL_FLAG(std::string, generate, "",
+          "Generate text as this JSON file (a ferry.v1.GenerateRequest) asks, from the --spec job's newest "
+          "checkpoint or the request's weights_path, and exit. With --report_fd the responses go there as frames.");
 ABSL_FLAG(int, report_fd, -1,
           "Write progress frames to this descriptor and read commands from stdin "
           "(how ferryd runs workers). -1 prints progress on stdout.");
@@ -69,7 +77,8 @@ bool EnvInt(const char* name, int fallback, int* out) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ferry-worker --spec=JOB.yaml [--device=auto] | ferry-worker --probe | "
-      "ferry-worker --export=OUT.safetensors --spec=JOB.yaml");
+      "ferry-worker --export=OUT.safetensors --spec=JOB.yaml | "
+      "ferry-worker --generate=REQUEST.json [--spec=JOB.yaml]");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_probe)) return ferry::RunProbe();
   if (const std::string out = absl::GetFlag(FLAGS_export); !out.empty()) {
@@ -78,6 +87,19 @@ int main(int argc, char** argv) {
       return ferry::kWorkerBadUsage;
     }
     return ferry::RunExportWeights(absl::GetFlag(FLAGS_spec), out, absl::GetFlag(FLAGS_allowed_roots));
+  }
+  if (const std::string request = absl::GetFlag(FLAGS_generate); !request.empty()) {
+    if (rest.size() > 1) {
+      std::fprintf(stderr, "usage: ferry-worker --generate=REQUEST.json [--spec=JOB.yaml]\n");
+      return ferry::kWorkerBadUsage;
+    }
+    ferry::GenerateTextOptions options;
+    options.request_path = request;
+    options.spec_path = absl::GetFlag(FLAGS_spec);
+    options.device = absl::GetFlag(FLAGS_device);
+    options.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
+    options.report_fd = absl::GetFlag(FLAGS_report_fd);
+    return ferry::RunGenerateText(options);
   }
   if (absl::GetFlag(FLAGS_spec).empty() || rest.size() > 1) {
     std::fprintf(stderr, "usage: ferry-worker --spec=JOB.yaml [--device=auto]\n");

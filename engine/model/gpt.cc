@@ -320,6 +320,14 @@ torch::Tensor GptImpl::HeadLoss(const torch::Tensor& x, const torch::Tensor& tar
                             /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast);
 }
 
+torch::Tensor GptImpl::LastLogits(const torch::Tensor& x) {
+  TORCH_CHECK(tensor_->size() == 1, "LastLogits needs the whole vocabulary (a tensor group of one)");
+  // One position's row of the head: [batch, hidden] x [hidden, vocab], in
+  // fp32 whatever the weights' type.
+  const torch::Tensor normed = Norm(x.select(1, x.size(1) - 1), ln_f, *mode_);
+  return at::matmul(normed.to(at::kFloat), wte->weight.to(at::kFloat).t());
+}
+
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, time], got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.seq_len, "sequence of ", tokens.size(1),

@@ -169,6 +169,11 @@ class GptImpl : public torch::nn::Module {
   // group of more than one rank, Loss(Head(x)).
   torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
 
+  // The head at each row's last position only, for generation: x [batch,
+  // time, hidden] (as the last block returns it) -> fp32 logits [batch,
+  // vocab_size] (the whole vocabulary: needs a tensor group of one).
+  torch::Tensor LastLogits(const torch::Tensor& x);
+
   Communicator& tensor_group() { return *tensor_; }
 
   // How to compute from now on (the weights must already be of mode.dtype).

@@ -406,6 +406,24 @@ class ChunkedEngine : public StepEngine {
     return absl::OkStatus();
   }
 
+  // The fp32 logits of each row's last position (GptImpl::LastLogits) in
+  // evaluation mode: each stage's chunks fetched as its forward needs them.
+  at::Tensor LastLogits(const torch::Tensor& tokens) {
+    GptImpl& gpt = *model_;
+    gpt.eval();
+    manager_->BeginEval();
+    auto train_again = absl::MakeCleanup([&] {
+      manager_->EndEval();
+      gpt.train();
+    });
+    torch::Tensor x = manager_->RunStage(0, tokens, [&](const torch::Tensor& t) { return gpt.Embed(t); });
+    for (int64_t i = 0; i < gpt.block_count(); ++i) {
+      x = manager_->RunStage(static_cast<int>(1 + i), x, [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
+    }
+    return manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
+                              [&](const torch::Tensor& t) { return gpt.LastLogits(t); });
+  }
+
   // Every parameter's fp32 (master) value, named as the model names it, on
   // the CPU.
   std::vector<std::pair<std::string, at::Tensor>> NamedParameterValues() const {
@@ -859,6 +877,146 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameter
     return absl::OkStatus();
   }));
   return named;
+}
+
+namespace {
+
+// Through the chunks: the memory manager places them on the device.
+class ChunkedInferenceModel : public InferenceModel {
+ public:
+  ChunkedInferenceModel(const GptConfig& config, std::unique_ptr<ChunkedEngine> engine,
+                        std::unique_ptr<SilentObserver> observer)
+      : config_(config), observer_(std::move(observer)), engine_(std::move(engine)) {}
+
+  const GptConfig& config() const override { return config_; }
+
+  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override {
+    at::Tensor logits;
+    RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
+      try {
+        logits = engine_->LastLogits(tokens).to(at::kCPU);
+      } catch (const c10::OutOfMemoryError& e) {
+        return absl::ResourceExhaustedError(engine_->ExplainOutOfMemory(e.what_without_backtrace()));
+      }
+      return absl::OkStatus();
+    }));
+    return logits;
+  }
+
+ private:
+  GptConfig config_;
+  std::unique_ptr<SilentObserver> observer_;  // the engine's, outlives it
+  std::unique_ptr<ChunkedEngine> engine_;
+};
+
+// The whole model on the device, in fp32.
+class WholeInferenceModel : public InferenceModel {
+ public:
+  WholeInferenceModel(const GptConfig& config, Gpt model, MemoryDevice* device)
+      : config_(config), model_(std::move(model)), device_(device) {}
+
+  const GptConfig& config() const override { return config_; }
+
+  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override {
+    at::Tensor logits;
+    RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
+      try {
+        torch::NoGradGuard no_grad;
+        GptImpl& gpt = *model_;
+        torch::Tensor x = gpt.Embed(tokens.to(device_->compute_device()));
+        for (int64_t i = 0; i < gpt.block_count(); ++i) x = gpt.block(i).forward(x);
+        logits = gpt.LastLogits(x).to(at::kCPU);
+      } catch (const c10::OutOfMemoryError& e) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "out of device memory with the whole model on the device: ", e.what_without_backtrace()));
+      }
+      return absl::OkStatus();
+    }));
+    return logits;
+  }
+
+ private:
+  GptConfig config_;
+  Gpt model_;
+  MemoryDevice* device_;
+};
+
+absl::Status CheckSingleRankConfig(const GptConfig& model, MemoryDevice* device) {
+  if (device == nullptr) return absl::InvalidArgumentError("no device");
+  if (model.layers < 1 || model.hidden < 1 || model.heads < 1 || model.vocab_size < 1 || model.seq_len < 1) {
+    return absl::InvalidArgumentError("the model's shape is empty");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptConfig& model,
+                                                                      const TrainOptions& options,
+                                                                      const MemoryOptions& memory,
+                                                                      const CheckpointContents& checkpoint,
+                                                                      MemoryDevice* device) {
+  RETURN_IF_ERROR(CheckSingleRankConfig(model, device));
+  std::unique_ptr<InferenceModel> out;
+  RETURN_IF_ERROR(CallTorch("restoring a checkpoint for generation", [&]() -> absl::Status {
+    auto observer = std::make_unique<SilentObserver>();
+    // Built as training builds it, so that its parameters pack into the
+    // same chunks; their values come from the checkpoint alone.
+    CpuGeneratorScope generator(at::make_generator<at::CPUGeneratorImpl>(options.seed));
+    Gpt gpt(nullptr);
+    {
+      HostAllocationScope host;
+      gpt = Gpt(model, nullptr, GptImpl::ParameterInit::kDeferred);
+    }
+    MemoryOptions restoring = memory;
+    restoring.values_from_checkpoint = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
+                     ChunkedEngine::Create(std::move(gpt), options, restoring, device, {}, observer.get()));
+    RETURN_IF_ERROR(engine->RestoreState("rank0.", checkpoint));
+    out = std::make_unique<ChunkedInferenceModel>(model, std::move(engine), std::move(observer));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const GptConfig& model,
+                                                                   const TrainOptions& options,
+                                                                   const std::optional<MemoryOptions>& memory,
+                                                                   MemoryDevice* device) {
+  RETURN_IF_ERROR(CheckSingleRankConfig(model, device));
+  std::unique_ptr<InferenceModel> out;
+  RETURN_IF_ERROR(CallTorch(absl::StrCat("reading ", path), [&]() -> absl::Status {
+    Gpt gpt(nullptr);
+    {
+      HostAllocationScope host;
+      gpt = Gpt(model, nullptr, GptImpl::ParameterInit::kDeferred);
+      RETURN_IF_ERROR(InitFromGpt2Weights(path, model, *gpt));
+      if (!memory.has_value()) gpt->Materialize();
+    }
+    if (!memory.has_value()) {
+      if (options.precision != TrainOptions::Precision::kFp32) {
+        return absl::InvalidArgumentError("reduced precision needs the memory manager's chunks");
+      }
+      gpt->eval();
+      gpt->to(device->compute_device());
+      // On the simulated device the model was built as host memory; give it
+      // device memory so that it counts against the capacity.
+      if (device->compute_device().is_cpu()) {
+        for (torch::Tensor& p : gpt->parameters()) p.set_data(p.detach().clone());
+        for (torch::Tensor& b : gpt->buffers()) b.set_data(b.detach().clone());
+      }
+      out = std::make_unique<WholeInferenceModel>(model, std::move(gpt), device);
+      return absl::OkStatus();
+    }
+    auto observer = std::make_unique<SilentObserver>();
+    MemoryOptions loading = *memory;
+    loading.values_from_checkpoint = false;
+    ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
+                     ChunkedEngine::Create(std::move(gpt), options, loading, device, {}, observer.get()));
+    out = std::make_unique<ChunkedInferenceModel>(model, std::move(engine), std::move(observer));
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 }  // namespace ferry

@@ -101,4 +101,43 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameter
     const CheckpointContents& checkpoint, MemoryDevice* device, int tensor_rank = 0, int tensor_ranks = 1,
     int world_rank = 0);
 
+// A trained model run forward only, for generation: one process, no
+// tensor parallelism (a tensor-parallel job's shards are joined first, as
+// gpt2_export.h does). Not thread-safe.
+class InferenceModel {
+ public:
+  virtual ~InferenceModel() = default;
+  virtual const GptConfig& config() const = 0;
+  // tokens: [batch, time] int64 on the CPU, 1 <= time <= seq_len -> the fp32
+  // logits of each row's last position, [batch, vocab_size], on the CPU
+  // (only that position's head is computed). No dropout, no gradients.
+  // RESOURCE_EXHAUSTED, saying what to change, out of device memory;
+  // INTERNAL for other LibTorch errors.
+  virtual absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) = 0;
+};
+
+// From a checkpoint of a job without tensor parallelism (its "rank0.*"
+// files), restored into the chunks training keeps it in (`options` and
+// `memory` must be the training's: its precision and chunk settings give
+// the layout) and run through them in the memory manager's evaluation mode
+// (ChunkManager::BeginEval): each stage's chunks are fetched onto `device`
+// as its forward needs them, so a model larger than the device runs.
+// INVALID_ARGUMENT when the checkpoint is of another model, precision or
+// layout. `device` must outlive the model.
+absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptConfig& model,
+                                                                      const TrainOptions& options,
+                                                                      const MemoryOptions& memory,
+                                                                      const CheckpointContents& checkpoint,
+                                                                      MemoryDevice* device);
+
+// From a safetensors file in Hugging Face's GPT-2 layout holding exactly
+// `model`'s weights (gpt2_import.h; INVALID_ARGUMENT naming the tensor
+// otherwise): with `memory`, in chunks placed by the memory manager as
+// above (options.precision gives their type); without, whole on `device`
+// in fp32. `device` must outlive the model.
+absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const GptConfig& model,
+                                                                   const TrainOptions& options,
+                                                                   const std::optional<MemoryOptions>& memory,
+                                                                   MemoryDevice* device);
+
 }  // namespace ferry

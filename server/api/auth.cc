@@ -38,6 +38,7 @@ std::optional<Role> RequiredRole(absl::string_view method) {
       {"SubmitJob", Role::kSubmitter},
       {"CancelJob", Role::kSubmitter},
       {"ExportWeights", Role::kSubmitter},
+      {"Generate", Role::kSubmitter},
   };
   for (const Row& row : kTable) {
     if (row.method == method) return row.role;
@@ -195,6 +196,13 @@ grpc::Status AuthorizedFerryService::ExportWeights(grpc::ServerContext* context,
                                                    grpc::ServerWriter<ferry::v1::ExportChunk>* writer) {
   FERRY_AUTHORIZE("ExportWeights");
   return inner_->ExportWeights(context, request, writer);
+}
+
+grpc::Status AuthorizedFerryService::Generate(grpc::ServerContext* context,
+                                              const ferry::v1::GenerateRequest* request,
+                                              grpc::ServerWriter<ferry::v1::GenerateResponse>* writer) {
+  FERRY_AUTHORIZE("Generate");
+  return inner_->Generate(context, request, writer);
 }
 
 #undef FERRY_AUTHORIZE

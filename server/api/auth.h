@@ -107,6 +107,8 @@ class AuthorizedFerryService final : public ferry::v1::Ferry::Service {
                                   ferry::v1::MemoryPlacement* response) override;
   grpc::Status ExportWeights(grpc::ServerContext* context, const ferry::v1::ExportWeightsRequest* request,
                              grpc::ServerWriter<ferry::v1::ExportChunk>* writer) override;
+  grpc::Status Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
+                        grpc::ServerWriter<ferry::v1::GenerateResponse>* writer) override;
 
  private:
   // The authorizer's verdict on a call, a refusal logged and observed.

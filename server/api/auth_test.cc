@@ -32,6 +32,7 @@ TEST(RoleTable, CoversEveryMethodOfTheService) {
   EXPECT_EQ(RequiredRole("SubmitJob"), Role::kSubmitter);
   EXPECT_EQ(RequiredRole("CancelJob"), Role::kSubmitter);
   EXPECT_EQ(RequiredRole("ExportWeights"), Role::kSubmitter);
+  EXPECT_EQ(RequiredRole("Generate"), Role::kSubmitter);
   EXPECT_EQ(RequiredRole("GetJob"), Role::kViewer);
   EXPECT_EQ(RequiredRole("ListJobs"), Role::kViewer);
   EXPECT_EQ(RequiredRole("WatchJob"), Role::kViewer);
@@ -135,6 +136,11 @@ class OkService final : public ferry::v1::Ferry::Service {
     writer->Write(ferry::v1::ExportChunk());
     return grpc::Status::OK;
   }
+  grpc::Status Generate(grpc::ServerContext*, const ferry::v1::GenerateRequest*,
+                        grpc::ServerWriter<ferry::v1::GenerateResponse>* writer) override {
+    writer->Write(ferry::v1::GenerateResponse());
+    return grpc::Status::OK;
+  }
 };
 
 using Call = std::function<grpc::Status(ferry::v1::Ferry::Stub*, grpc::ClientContext*)>;
@@ -184,6 +190,14 @@ std::vector<std::pair<std::string, Call>> EveryCall() {
          auto reader = stub->ExportWeights(ctx, ferry::v1::ExportWeightsRequest());
          ferry::v1::ExportChunk chunk;
          while (reader->Read(&chunk)) {
+         }
+         return reader->Finish();
+       }},
+      {"Generate",
+       [](ferry::v1::Ferry::Stub* stub, grpc::ClientContext* ctx) {
+         auto reader = stub->Generate(ctx, ferry::v1::GenerateRequest());
+         ferry::v1::GenerateResponse response;
+         while (reader->Read(&response)) {
          }
          return reader->Finish();
        }},

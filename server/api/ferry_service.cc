@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "server/api/grpc_status.h"
 #include "server/common/proto_time.h"
 #include "server/spec/spec_defaults.h"
 #include "server/worker/export_runner.h"
+#include "server/worker/generate_request.h"
+#include "server/worker/generate_runner.h"
 
 namespace ferry {
 namespace {
@@ -236,6 +239,48 @@ grpc::Status FerryService::ExportWeights(grpc::ServerContext* context,
                         absl::StrCat("read ", offset, " of the export's ", exported->bytes, " bytes"));
   }
   return grpc::Status::OK;
+}
+
+grpc::Status FerryService::Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
+                                    grpc::ServerWriter<ferry::v1::GenerateResponse>* writer) {
+  if (grpc::Status s = CheckReady(); !s.ok()) return s;
+  if (absl::Status s = ValidateGenerateRequest(*request); !s.ok()) return ToGrpcStatus(s);
+  const AllowedRoots& roots = options_.machine.allowed_roots;
+  std::optional<ferry::v1::Job> job;
+  std::string work_dir = absl::StrCat(options_.jobs_dir, "/generate");
+  if (request->model_case() == ferry::v1::GenerateRequest::kJobId) {
+    if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+    absl::StatusOr<ferry::v1::Job> found = registry_->Get(request->job_id());
+    if (!found.ok()) return ToGrpcStatus(found.status());
+    if (found->spec().checkpoint().dir().empty()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("checkpoint.dir: job ", request->job_id(),
+                                       " keeps no checkpoints, so there is no model to generate with; submit it "
+                                       "with checkpoint.dir (and checkpoint.every_steps) set"));
+    }
+    job = *std::move(found);
+    work_dir = absl::StrCat(options_.jobs_dir, "/", request->job_id());
+  } else {
+    if (absl::StatusOr<ResolvedPath> p = CheckConfined(roots, "weights_path", request->weights_path(), PathKind::kFile);
+        !p.ok()) {
+      return ToGrpcStatus(p.status());
+    }
+    for (const std::string& file : request->tokenizer_files()) {
+      if (absl::StatusOr<ResolvedPath> p = CheckConfined(roots, "tokenizer_files", file, PathKind::kFile); !p.ok()) {
+        return ToGrpcStatus(p.status());
+      }
+    }
+  }
+  if (options_.worker_binary.empty() || options_.jobs_dir.empty()) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon has no worker binary to generate with");
+  }
+  // The worker loads the model and produces the tokens; the daemon relays
+  // each response as it arrives.
+  const absl::Status status = RunWorkerGenerate(
+      options_.worker_binary, work_dir, job.has_value() ? &job->spec() : nullptr, *request,
+      [writer](const ferry::v1::GenerateResponse& response) { return writer->Write(response); },
+      [context] { return context->IsCancelled(); }, roots.ToFlag());
+  return ToGrpcStatus(status);
 }
 
 }  // namespace ferry

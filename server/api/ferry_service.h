@@ -21,8 +21,9 @@ struct FerryServiceOptions {
   absl::Duration heartbeat_interval = absl::Seconds(5);
   // Machine facts for spec validation.
   MachineFacts machine;
-  // ExportWeights runs this ferry-worker binary (empty: UNIMPLEMENTED) in
-  // the job's directory under jobs_dir.
+  // ExportWeights and Generate run this ferry-worker binary (empty:
+  // UNIMPLEMENTED) in the job's directory under jobs_dir (Generate from a
+  // weights file: in jobs_dir/generate).
   std::string worker_binary;
   std::string jobs_dir;
 };
@@ -56,6 +57,8 @@ class FerryService final : public ferry::v1::Ferry::Service {
                                   ferry::v1::MemoryPlacement* response) override;
   grpc::Status ExportWeights(grpc::ServerContext* context, const ferry::v1::ExportWeightsRequest* request,
                              grpc::ServerWriter<ferry::v1::ExportChunk>* writer) override;
+  grpc::Status Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
+                        grpc::ServerWriter<ferry::v1::GenerateResponse>* writer) override;
 
  private:
   // UNAVAILABLE until SetReady.
