@@ -392,7 +392,7 @@ int Run() {
                         "\"hidden\": %d, \"seq_len\": %d, \"vocab_size\": %d,\n"
                         "    \"pretrain_steps\": %d, \"pretrain_tokens\": %d, \"pretrain_final_loss\": %.4f, "
                         "\"export_seconds\": %.3f,\n    \"finetune_steps\": %d, \"finetune_tokens\": %d, "
-                        "\"finetune_lr\": %g, \"held_out_fraction\": 0.1,\n    \"from_file\": %s,\n    \"from_random\": %s}\n}\n",
+                        "\"finetune_lr\": %g, \"eval_data\": \"GPL-2\",\n    \"from_file\": %s,\n    \"from_random\": %s}\n}\n",
                         ft.model.ParameterCount(), ft.model.layers, ft.model.hidden, ft.model.seq_len,
                         ft.model.vocab_size, absl::GetFlag(FLAGS_pretrain_steps), ft.pretrain_tokens,
                         ft.pretrain_final_loss, ft.export_seconds, absl::GetFlag(FLAGS_finetune_steps),

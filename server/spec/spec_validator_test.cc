@@ -337,6 +337,22 @@ TEST(SpecValidatorTest, TheDiskTierTakesTheOptimizerStatesHostMemoryCannotHold) 
   EXPECT_TRUE(ValidateSpec(Resolved(xl), local).ok());
 }
 
+// examples/finetune.yaml is a valid job: its model is read from the weights
+// at submit (files are not checked here).
+TEST(SpecValidatorTest, TheFineTuningExampleIsAValidJob) {
+  absl::StatusOr<JobSpec> parsed = LoadJobFile(std::string(std::getenv("TEST_SRCDIR")) +
+                                               "/ferry/examples/finetune.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  absl::StatusOr<JobSpec> spec = WithDefaults(*parsed);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().layers(), 0u) << "the architecture comes from the weights";
+  EXPECT_EQ(spec->train().grad_accum_steps(), 4u);
+  EXPECT_DOUBLE_EQ(spec->data().eval().held_out_fraction(), 0.05);
+  MachineFacts local = Machine();
+  local.check_files = false;
+  EXPECT_TRUE(ValidateSpec(*spec, local).ok()) << ValidateSpec(*spec, local);
+}
+
 // examples/gpt2-xl-no-gpu.yaml says it needs about 16 GiB of memory and
 // 15 GiB of free disk.
 TEST(SpecValidatorTest, GptXlWithoutAGpuFitsWhatItsExampleSays) {
