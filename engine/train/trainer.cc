@@ -322,20 +322,7 @@ class ChunkedEngine : public StepEngine {
   }
 
   double Evaluate(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    GptImpl& gpt = *model_;
-    gpt.eval();
-    manager_->BeginEval();
-    auto train_again = absl::MakeCleanup([&] {
-      manager_->EndEval();
-      gpt.train();
-    });
-    torch::Tensor x = manager_->RunStage(0, inputs, [&](const torch::Tensor& t) { return gpt.Embed(t); });
-    for (int64_t i = 0; i < gpt.block_count(); ++i) {
-      x = manager_->RunStage(static_cast<int>(1 + i), x, [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
-    }
-    double loss = manager_
-                      ->RunStage(static_cast<int>(gpt.block_count() + 1), x,
-                                 [&](const torch::Tensor& t) { return gpt.HeadLoss(t, targets); })
+    double loss = EvalForward(inputs, [&](const torch::Tensor& x) { return model_->HeadLoss(x, targets); })
                       .item<double>();
     if (groups_.data != nullptr && groups_.data->size() > 1) {
       at::Tensor sum = at::full({1}, loss, at::kDouble);
@@ -409,6 +396,12 @@ class ChunkedEngine : public StepEngine {
   // The fp32 logits of each row's last position (GptImpl::LastLogits) in
   // evaluation mode: each stage's chunks fetched as its forward needs them.
   at::Tensor LastLogits(const torch::Tensor& tokens) {
+    return EvalForward(tokens, [&](const torch::Tensor& x) { return model_->LastLogits(x); });
+  }
+
+  // The forward in evaluation mode (no dropout, no gradients), each stage's
+  // chunks fetched as it needs them; `head` runs as the last stage.
+  at::Tensor EvalForward(const torch::Tensor& tokens, const std::function<at::Tensor(const at::Tensor&)>& head) {
     GptImpl& gpt = *model_;
     gpt.eval();
     manager_->BeginEval();
@@ -420,8 +413,7 @@ class ChunkedEngine : public StepEngine {
     for (int64_t i = 0; i < gpt.block_count(); ++i) {
       x = manager_->RunStage(static_cast<int>(1 + i), x, [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
     }
-    return manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x,
-                              [&](const torch::Tensor& t) { return gpt.LastLogits(t); });
+    return manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x, head);
   }
 
   // Every parameter's fp32 (master) value, named as the model names it, on

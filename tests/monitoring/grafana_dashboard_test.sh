@@ -51,11 +51,11 @@ panels = [p for p in d["panels"] if p["type"] != "row"]
 titles = {p["title"] for p in panels}
 exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
 want = ["Device memory by kind, against capacity", "Host memory by kind, against capacity", "Host ↔ device bandwidth",
-        "Step time p50 / p99", "Tokens / s", "Loss", "Loss scale and skipped steps", "Evictions and prefetch hit rate",
+        "Step time p50 / p99", "Tokens / s", "Loss and eval loss", "Loss scale and skipped steps", "Evictions and prefetch hit rate",
         "Recompute share", "Jobs by state"]
 missing = [t for t in want if t not in titles]
 assert not missing, f"panels missing: {missing}"
-for q in ["histogram_quantile(0.5,", "histogram_quantile(0.99,", "ferry_memory_capacity_bytes", "ferry_memory_transferred_bytes_total"]:
+for q in ["ferry_eval_loss", "histogram_quantile(0.5,", "histogram_quantile(0.99,", "ferry_memory_capacity_bytes", "ferry_memory_transferred_bytes_total"]:
     assert q in exprs, q
 variables = {v["name"]: v for v in d["templating"]["list"]}
 assert {"datasource", "job", "instance"} <= set(variables), variables.keys()
