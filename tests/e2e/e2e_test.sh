@@ -233,7 +233,10 @@ assert int(last['tokens']) == 2 * 4 * 64 and abs(last['perplexity'] - math.exp(l
 assert last['loss'] < first['loss'], (first, last)
 " "$WORK/eval.json" || fail "Job has no evaluations: $(cat "$WORK/eval.json")"
 "$FERRY" get "$EVAL" | grep -q "^eval: .* at step 20, .* before training" || fail "ferry get shows no eval: $("$FERRY" get "$EVAL")"
-curl -sf "http://$METRICS/metrics" | grep -q '^ferry_eval_loss [0-9]' || fail "/metrics has no ferry_eval_loss"
+# (Scraped to a file: grep -q stops reading at its match, and curl writing
+# the rest would then fail the pipeline.)
+curl -sf "http://$METRICS/metrics" >"$WORK/metrics-eval.txt" || fail "cannot scrape /metrics"
+grep -q '^ferry_eval_loss [0-9]' "$WORK/metrics-eval.txt" || fail "/metrics has no ferry_eval_loss"
 
 # Tensor parallel through ferryd: two workers, one job, the one-rank loss.
 PAR_SET="train.steps=15,model.dropout=0.1"
