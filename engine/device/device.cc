@@ -9,6 +9,8 @@
 #ifdef FERRY_LIBTORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include "absl/strings/numbers.h"
@@ -86,6 +88,22 @@ uint64_t DeviceMemoryTotalBytes(const c10::Device& device) {
 #ifdef FERRY_LIBTORCH_CUDA
   if (device.is_cuda()) {
     return static_cast<uint64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+  }
+#endif
+  (void)device;
+  return HostMemoryTotalBytes();
+}
+
+uint64_t DeviceMemoryFreeBytes(const c10::Device& device) {
+#ifdef FERRY_LIBTORCH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device.index());
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return static_cast<uint64_t>(free);
   }
 #endif
   (void)device;

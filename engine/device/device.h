@@ -41,6 +41,11 @@ uint64_t DeviceMemoryAllocatedBytes(const c10::Device& device);
 // Total memory of `device`; host memory for the CPU.
 uint64_t DeviceMemoryTotalBytes(const c10::Device& device);
 
+// Memory of `device` free now, as its driver reports it (for a GPU,
+// cudaMemGetInfo: less the CUDA context, other processes' memory and what
+// this process holds); host memory for the CPU, as DeviceMemoryTotalBytes.
+uint64_t DeviceMemoryFreeBytes(const c10::Device& device);
+
 // The LibTorch version the worker was built against, e.g. "1.13.1".
 std::string TorchVersion();
 

@@ -99,7 +99,8 @@ ChunkManager::ChunkManager(MemoryDevice* device, const MemoryOptions& options, c
       store_(device, options.host_budget_bytes),
       tracer_(&table_, options),
       mover_(device, &store_, &table_, &tracer_, &stats_),
-      policy_(device, &table_, &tracer_, &mover_, &stats_, options, optimizer.param_dtype != c10::kFloat),
+      policy_(device, &table_, &tracer_, &mover_, &stats_, options, optimizer.param_dtype != c10::kFloat,
+              UpdatesWithTorchOps(*device, optimizer)),
       reducer_(&table_, &mover_, groups.tensor, groups.data),
       optimizer_(device, &store_, &table_, &mover_, optimizer),
       values_(device, &store_, &table_, optimizer.param_dtype),
@@ -227,6 +228,21 @@ void ChunkManager::SetStates(int stage, TensorState to) {
   }
 }
 
+void ChunkManager::CheckResident(int stage) const {
+  // Compute is about to use the stage's chunks' device copies. A released
+  // copy has no memory behind it; on a GPU a kernel reading it would fault
+  // only later, poisoning the context, so the host says which tensor now,
+  // before any kernel is issued.
+  for (int i : table_.stages[static_cast<size_t>(stage)].params) {
+    const ManagedTensor& t = table_.tensors[static_cast<size_t>(i)];
+    const Payload& p = table_.chunk(t.chunk).payload(PayloadKind::kParam);
+    if (p.resident && p.device_valid) continue;
+    throw std::logic_error(absl::StrCat("tensor ", t.name, " is about to be computed with, but chunk ", t.chunk,
+                                        "'s parameters are ", p.resident ? "stale" : "not",
+                                        " on the device (", device_->name(), ")"));
+  }
+}
+
 at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
                                   const std::function<at::Tensor(const at::Tensor&)>& fn) {
   const int period = table_.ForwardPeriod(stage);
@@ -236,6 +252,7 @@ at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
     // figures stay as they were).
     tracer_.EnterPeriod(-1);
     policy_.Prepare(period, policy_.Needed(period));
+    CheckResident(stage);
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
@@ -246,6 +263,7 @@ at::Tensor ChunkManager::RunStage(int stage, const at::Tensor& input,
     return y;
   }
   BeginPeriod(period);
+  CheckResident(stage);
   const int64_t self = reinterpret_cast<int64_t>(this);
   at::Tensor x = input.requires_grad() ? StageHook::apply(input, self, stage, /*post=*/true) : input;
   at::Tensor y;
@@ -267,6 +285,7 @@ void ChunkManager::PreBackward(int stage) {
   backward_started_[static_cast<size_t>(stage)] = true;
   SetStates(stage, TensorState::kCompute);
   BeginPeriod(table_.BackwardPeriod(stage));
+  CheckResident(stage);
 }
 
 void ChunkManager::PostBackward(int stage) {
@@ -404,6 +423,9 @@ StepMemoryStats ChunkManager::EndStep() {
     stats_.disk_write_seconds = now.write_seconds - disk_at_step_start_.write_seconds;
     stats_.disk_wait_seconds = now.wait_seconds - disk_at_step_start_.wait_seconds;
   }
+  const TransferTimes transfers = device_->TakeTransferTimes();
+  stats_.transfer_seconds += transfers.stall_seconds;
+  stats_.copy_seconds = transfers.copy_seconds;
   tracer_.EndStep();
   for (auto& fn : stage_fns_) fn = nullptr;
   return stats_;

@@ -174,6 +174,11 @@ class ChunkManager {
   // happened, what was on the device, and what to change.
   std::string ExplainOutOfMemory(const std::string& what) const;
 
+  // Throws std::logic_error naming the tensor unless every chunk `stage`
+  // computes with has its parameters current on the device: run after each
+  // period's chunks are brought in, before its compute is issued.
+  void CheckResident(int stage) const;
+
   const ChunkLayout& layout() const { return layout_; }
   const TierPlan& tier_plan() const { return tier_plan_; }
   // The disk tier's scratch directory; empty when nothing is on disk.

@@ -102,6 +102,30 @@ struct RunShape {
   int micro_batches = 1;
   // Called between steps (after EndStep of `step`).
   std::function<void(int step, const PlacementReport&)> between;
+  // After the warm-up, this much of the device taken by no allocation and
+  // never given back (SimulatedDevice::SetReservedSlack): fragments the
+  // device reports (unusable_bytes).
+  uint64_t fragments_after_warmup = 0;
+  // After the warm-up, fragments it does not report, which refuse chunks
+  // but not compute's small blocks (FragmentedDevice).
+  uint64_t hidden_fragments_after_warmup = 0;
+  // Device-homed chunks updated with the GPU's kernel (FlatAdamWStep).
+  bool device_kernel = false;
+};
+
+// A device with fragments it does not report: chunk buffers (AllocateDevice)
+// are refused unless they fit beside `hidden` more bytes, while compute's
+// small blocks still fit, as they do in a GPU's fragments.
+class FragmentedDevice : public SimulatedDevice {
+ public:
+  using SimulatedDevice::SimulatedDevice;
+  c10::DataPtr AllocateDevice(size_t bytes) override {
+    if (allocated_bytes() + bytes + hidden > capacity_bytes()) {
+      C10_THROW_ERROR(OutOfMemoryError, "no contiguous block for a chunk");
+    }
+    return SimulatedDevice::AllocateDevice(bytes);
+  }
+  uint64_t hidden = 0;
 };
 
 torch::Tensor Batch(int step, torch::Tensor* target) {
@@ -113,12 +137,13 @@ torch::Tensor Batch(int step, torch::Tensor* target) {
 }
 
 RunResult Train(uint64_t capacity, MemoryOptions options, int steps, const RunShape& shape) {
-  SimulatedDevice device(capacity);
+  FragmentedDevice device(capacity);
   ToyModel model(shape.width, shape.extra);
   options.chunk_elements = shape.chunk_elements;
   OptimizerOptions optimizer;
   optimizer.param_dtype = shape.dtype;
   optimizer.overlap = shape.overlap;
+  optimizer.device_kernel_on_simulated_device = shape.device_kernel;
   auto manager = ChunkManager::Create(&device, model.Params(), model.AllStages(), options, optimizer);
   EXPECT_TRUE(manager.ok()) << manager.status();
   RunResult result;
@@ -141,6 +166,10 @@ RunResult Train(uint64_t capacity, MemoryOptions options, int steps, const RunSh
     result.losses.push_back(loss / k);
     (*manager)->OptimizerStep(step, 0.01, shape.clip);
     result.stats.push_back((*manager)->EndStep());
+    if (step == 1) {
+      device.SetReservedSlack(shape.fragments_after_warmup, /*releasable=*/false);
+      device.hidden = shape.hidden_fragments_after_warmup;
+    }
     if (shape.between) shape.between(step, (*manager)->Placement());
   }
   result.placement = (*manager)->Placement();
@@ -410,6 +439,115 @@ TEST(ChunkManagerTest, OutOfMemoryIsExplainedWithTheNumbers) {
     EXPECT_NE(message.find("out of device memory in period 'forward s"), std::string::npos) << message;
     EXPECT_NE(message.find("warm-up"), std::string::npos) << message;
     EXPECT_NE(message.find("train.batch_size"), std::string::npos) << message;
+  }
+}
+
+// A GPU can refuse memory the plan made room for: its caching allocator's
+// fragments, which the plan does not see, take part of the budget. The
+// manager gives back the device's cached memory, then evicts more, and
+// retries: the same training, with more chunks moved.
+TEST(ChunkManagerTest, ARefusedAllocationIsRetriedAfterEvictingMore) {
+  RunResult plain = Train(TightCapacity(), {}, 8);
+  RunShape shape;
+  shape.hidden_fragments_after_warmup = TightCapacity() / 4;
+  RunResult fragmented = Train(TightCapacity(), {}, 8, shape);
+  ASSERT_EQ(fragmented.losses.size(), plain.losses.size());
+  EXPECT_EQ(fragmented.losses, plain.losses);
+  int retries = 0, evictions = 0, plain_evictions = 0;
+  for (size_t s = 1; s < plain.stats.size(); ++s) {
+    retries += fragmented.stats[s].allocation_retries;
+    evictions += fragmented.stats[s].evictions;
+    plain_evictions += plain.stats[s].evictions;
+    EXPECT_EQ(plain.stats[s].allocation_retries, 0) << "step " << s + 1;
+  }
+  EXPECT_GT(retries, 0);
+  EXPECT_GT(evictions, plain_evictions);
+}
+
+// Fragments the device reports are kept room for before anything is
+// allocated: no refusal, the same training, more chunks moved.
+TEST(ChunkManagerTest, ReportedFragmentsAreKeptRoomFor) {
+  RunResult plain = Train(TightCapacity(), {}, 8);
+  RunShape shape;
+  shape.fragments_after_warmup = TightCapacity() / 4;
+  RunResult fragmented = Train(TightCapacity(), {}, 8, shape);
+  ASSERT_EQ(fragmented.losses.size(), plain.losses.size());
+  EXPECT_EQ(fragmented.losses, plain.losses);
+  int evictions = 0, plain_evictions = 0;
+  for (size_t s = 1; s < plain.stats.size(); ++s) {
+    EXPECT_EQ(fragmented.stats[s].allocation_retries, 0) << "step " << s + 1;
+    evictions += fragmented.stats[s].evictions;
+    plain_evictions += plain.stats[s].evictions;
+  }
+  EXPECT_GT(evictions, plain_evictions);
+}
+
+// With nothing left to evict, the device's error stands, with its numbers.
+TEST(ChunkManagerTest, ARefusalNoEvictionCuresIsTheDevicesOutOfMemoryError) {
+  SimulatedDevice device(TightCapacity());
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  ASSERT_TRUE(manager.ok());
+  device.SetReservedSlack(TightCapacity() - 2000, /*releasable=*/false);
+  torch::Tensor target;
+  torch::Tensor x = Batch(1, &target);
+  (*manager)->BeginStep({8, 16});
+  try {
+    x = (*manager)->RunStage(0, x, [&](const torch::Tensor& in) { return model.Stage(0, in); });
+    FAIL() << "2000 bytes hold no chunk";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("reserved unused"), std::string::npos) << message;
+  }
+}
+
+// Memory the device holds unused but can give back (a caching allocator's
+// cached segments) is given back at the first refusal: nothing is evicted
+// for it.
+TEST(ChunkManagerTest, CachedMemoryIsGivenBackBeforeAnythingIsEvicted) {
+  SimulatedDevice device(TightCapacity());
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  ASSERT_TRUE(manager.ok());
+  device.SetReservedSlack(TightCapacity() - 2000, /*releasable=*/true);
+  torch::Tensor target;
+  torch::Tensor x = Batch(1, &target);
+  (*manager)->BeginStep({8, 16});
+  x = ToyForward(**manager, model, x, target);
+  x.backward();
+  ASSERT_TRUE((*manager)->FinishBackward().ok());
+  (*manager)->OptimizerStep(1, 0.01, 0.0);
+  const StepMemoryStats stats = (*manager)->EndStep();
+  EXPECT_EQ(device.reserved_slack_bytes(), 0u);
+  EXPECT_EQ(stats.allocation_retries, 1);
+}
+
+// The GPU's update kernel (FlatAdamWStep, LibTorch ops), run on the
+// simulated device for the chunks it homes, is the host kernel's update to
+// rounding: fp32 and bf16, with clipping active.
+TEST(ChunkManagerTest, TheGpusUpdateKernelMatchesTheHostKernel) {
+  for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    RunShape host;
+    host.dtype = dtype;
+    host.clip = 0.05;
+    RunShape gpu = host;
+    gpu.device_kernel = true;
+    RunResult a = Train(kAmple, {}, 8, host);
+    RunResult b = Train(kAmple, {}, 8, gpu);
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    const double tolerance = dtype == at::kFloat ? 1e-5 : 2e-2;
+    for (size_t i = 0; i < a.losses.size(); ++i) {
+      EXPECT_NEAR(a.losses[i], b.losses[i], tolerance * std::abs(a.losses[i])) << "step " << i + 1 << " " << dtype;
+    }
+    ASSERT_EQ(a.values.size(), b.values.size());
+    for (size_t i = 0; i < a.values.size(); ++i) {
+      const double diff = (a.values[i].to(at::kFloat) - b.values[i].to(at::kFloat)).abs().max().item<double>();
+      EXPECT_LT(diff, dtype == at::kFloat ? 1e-5 : 1e-2) << "tensor " << i << " " << dtype;
+    }
   }
 }
 
@@ -705,6 +843,34 @@ TEST(ChunkManagerTest, TouchingAChunkThePeriodDidNotDeclareFaults) {
         std::fprintf(stderr, "stage 1 ran without faulting\n");
         std::exit(0);
       });
+}
+
+// A stage whose chunks are not on the device (a scheduling bug) is caught on
+// the host before compute touches them, naming the tensor: on a GPU the
+// kernel's fault would come later and poison the context. (Every period
+// runs the check once its chunks are in; here it is asked outside one.)
+TEST(ChunkManagerTest, ComputingWithAReleasedChunkFailsNamingTheTensor) {
+  SimulatedDevice device(kAmple);
+  ToyModel model;
+  MemoryOptions options;
+  options.chunk_elements = 1100;
+  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  torch::Tensor target;
+  torch::Tensor x = Batch(1, &target);
+  (*manager)->BeginStep({8, 16});
+  // The warm-up gives stage 0's chunk back once the stage has run.
+  x = (*manager)->RunStage(0, x, [&](const torch::Tensor& in) { return model.Stage(0, in); });
+  try {
+    (*manager)->CheckResident(0);
+    FAIL() << "stage 0's chunk is still on the device";
+  } catch (const std::logic_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("tensor l1.weight is about to be computed with, but chunk 0's parameters are not on the "
+                           "device (sim)"),
+              std::string::npos)
+        << message;
+  }
 }
 
 // --- The disk tier. ---

@@ -83,12 +83,16 @@ void ChunkOptimizer::UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper) {
   chunk.optimizer_initialized = true;
 }
 
+bool UpdatesWithTorchOps(const MemoryDevice& device, const OptimizerOptions& options) {
+  return !device.compute_device().is_cpu() || options.device_kernel_on_simulated_device;
+}
+
 void ChunkOptimizer::UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper) {
   Payload& p = chunk.payload(PayloadKind::kParam);
   Payload& g = chunk.payload(PayloadKind::kGrad);
   Payload& o = chunk.payload(PayloadKind::kOptimizer);
   const int64_t n = chunk.used;
-  if (device_->compute_device().is_cpu()) {
+  if (!UpdatesWithTorchOps(*device_, options_)) {
     // The simulated device is CPU memory: the same kernel as the host's, so
     // where a chunk lives never changes the numbers.
     UpdateOnCpu(chunk, hyper);

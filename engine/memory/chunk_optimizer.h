@@ -43,7 +43,16 @@ struct OptimizerOptions {
   c10::ScalarType param_dtype = c10::kFloat;
   // Host-side updates run beside the next step's forward (see above).
   bool overlap = false;
+  // On the simulated device, chunks updated on the device use the kernel a
+  // GPU runs (FlatAdamWStep, LibTorch ops) rather than the host's CPU
+  // kernel, so that the GPU's update path runs on every machine (tests).
+  // The two agree to rounding, not bitwise.
+  bool device_kernel_on_simulated_device = false;
 };
+
+// Whether chunks updated on `device` go through FlatAdamWStep (which
+// allocates temporaries the plan must leave room for).
+bool UpdatesWithTorchOps(const MemoryDevice& device, const OptimizerOptions& options);
 
 struct OptimizerResult {
   // The global gradient norm before clipping (unscaled).

@@ -42,6 +42,17 @@ class TransferEvent {
   std::shared_ptr<Impl> impl_;
 };
 
+// Transfer time as the device measured it (CUDA: timing events; the
+// simulated device: its copy engine's clock).
+struct TransferTimes {
+  // Time the copy engines spent copying, overlapped with compute or not.
+  double copy_seconds = 0;
+  // Time compute stood waiting for copies (ComputeWaitsFor): on a GPU the
+  // compute stream's stall, which the host never sees; on the simulated
+  // device the compute thread's wait.
+  double stall_seconds = 0;
+};
+
 class MemoryDevice {
  public:
   virtual ~MemoryDevice() = default;
@@ -87,13 +98,26 @@ class MemoryDevice {
   // The host waits until every copy issued so far is done (before it reads
   // or writes host copies).
   virtual void SynchronizeTransfers() = 0;
-  // A device buffer given back (a chunk's copy released): the memory is
-  // not reused, nor freed, before the copies issued so far that may touch
-  // it are done.
-  virtual void ReleaseAfterTransfers(c10::DataPtr data) = 0;
+  // A device buffer of `bytes` given back (a chunk's copy released): the
+  // memory is not reused, nor freed, before the copies issued so far that
+  // may touch it are done.
+  virtual void ReleaseAfterTransfers(c10::DataPtr data, size_t bytes) = 0;
   // Device memory given back that waits for its copies: in use until they
   // are done (SynchronizeTransfers frees it all).
   virtual uint64_t releasing_bytes() const { return 0; }
+  // Gives back memory the device holds without using it (a caching
+  // allocator's free segments, blocks waiting for copies), so that an
+  // allocation refused although the plan made room for it can succeed:
+  // the first remedy for an out-of-memory error, before evicting more.
+  virtual void ReleaseCachedMemory() {}
+  // Capacity taken by no allocation that ReleaseCachedMemory cannot give
+  // back: a caching allocator's fragments (free parts of segments that live
+  // blocks hold), which small allocations may still use but a chunk cannot.
+  // The plan keeps room for them.
+  virtual uint64_t unusable_bytes() const { return 0; }
+  // Transfer time measured since the last call; copies still running count
+  // in a later call.
+  virtual TransferTimes TakeTransferTimes() = 0;
   // Compute is about to run a period's work, its waits issued: a mark in
   // the device's timeline, where it keeps one (the simulated device).
   virtual void ComputeBegins() {}

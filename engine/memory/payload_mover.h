@@ -36,6 +36,9 @@ class PayloadMover {
   // any (rethrowing its error), counting the wait as exposed optimizer
   // time. Fetch and Evict wait so before they touch a chunk's copies.
   void AwaitUpdate(Chunk& chunk);
+  // Device memory for the payload's copy (stale until filled): nothing if it
+  // has some. Throws c10::OutOfMemoryError as the device does.
+  void Materialize(Payload& p) { store_->Materialize(p); }
 
  private:
   MemoryDevice* device_;

@@ -50,7 +50,7 @@ void PayloadStore::Release(Payload& p) {
   if (!p.resident) return;
   c10::StorageImpl* storage = p.device.storage().unsafeGetStorageImpl();
   // Copies queued from or into the memory may still be running.
-  device_->ReleaseAfterTransfers(storage->set_data_ptr(device_->ReleasedPlaceholder(p.bytes)));
+  device_->ReleaseAfterTransfers(storage->set_data_ptr(device_->ReleasedPlaceholder(p.bytes)), p.bytes);
   p.device_filled = TransferEvent();
   p.resident = false;
   p.device_valid = false;

@@ -1,5 +1,7 @@
 #include "engine/memory/placement_policy.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -19,14 +21,16 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 PlacementPolicy::PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
-                                 StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision)
+                                 StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision,
+                                 bool device_update_temps)
     : device_(device),
       table_(table),
       tracer_(tracer),
       mover_(mover),
       stats_(stats),
       options_(options),
-      mixed_(mixed_precision) {
+      mixed_(mixed_precision),
+      device_update_temps_(device_update_temps) {
   plan_.classes.assign(table_->chunks.size(), ChunkClass::kStreamed);
   Apply();
   applied_ = false;
@@ -49,26 +53,39 @@ std::vector<Payload*> PlacementPolicy::Needed(int period) {
   return needed;
 }
 
-void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep) {
+uint64_t PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep) {
   // Room for the period's predicted non-model memory too, even when its
   // chunks are all here already: chunks kept from earlier periods must not
   // crowd out the activations.
   const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
-  const double in_use = double(tracer_->Predicted(period)) + double(table_->DeviceModelBytes());
+  const double in_use =
+      double(tracer_->Predicted(period)) + double(table_->DeviceModelBytes()) + double(unusable_bytes_);
   // Memory given back while its copies home run (gradients sent to the
   // host in the backward) is still in use: where the period may need it,
   // the copies finish first. The warm-up and static placement, which
   // predict nothing, always wait.
   const uint64_t releasing = device_->releasing_bytes();
   if (releasing > 0 && (!adaptive() || in_use + double(bytes) + double(releasing) > limit)) WaitForReleases();
-  if (!adaptive()) return;
-  if (in_use + double(bytes) <= limit) return;
-  const uint64_t short_by = static_cast<uint64_t>(in_use + double(bytes) - limit);
+  if (!adaptive()) return 0;
+  if (in_use + double(bytes) <= limit) return 0;
+  return EvictFor(static_cast<uint64_t>(in_use + double(bytes) - limit), period, keep);
+}
+
+uint64_t PlacementPolicy::EvictFor(uint64_t short_by, int period, const std::vector<Payload*>& keep) {
+  // What the plan streams first; what it keeps on the device only when that
+  // is not enough (the device has less room than the plan was made for: its
+  // fragments). A pinned payload evicted comes back when next needed.
+  uint64_t evicted = EvictFrom(short_by, period, keep, /*pinned=*/false);
+  if (evicted < short_by) evicted += EvictFrom(short_by - evicted, period, keep, /*pinned=*/true);
+  return evicted;
+}
+
+uint64_t PlacementPolicy::EvictFrom(uint64_t short_by, int period, const std::vector<Payload*>& keep, bool pinned) {
   std::vector<EvictionCandidate> candidates;
   std::vector<Payload*> handles;
   for (Chunk& chunk : table_->chunks) {
     for (Payload& p : chunk.payloads) {
-      if (!p.resident || p.pinned || std::find(keep.begin(), keep.end(), &p) != keep.end()) continue;
+      if (!p.resident || p.pinned != pinned || std::find(keep.begin(), keep.end(), &p) != keep.end()) continue;
       EvictionCandidate c;
       c.id = static_cast<int>(handles.size());
       c.bytes = p.bytes;
@@ -79,15 +96,37 @@ void PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Pay
       handles.push_back(&p);
     }
   }
+  uint64_t evicted = 0;
   for (int victim : ChooseVictims(std::move(candidates), short_by)) {
     Payload& p = *handles[static_cast<size_t>(victim)];
     mover_->Evict(p, table_->Preserve(p));
+    evicted += p.bytes;
     ++stats_->evictions;
     tracer_->CountEviction(period);
   }
   // An evicted payload's device memory is free once its copy home is done:
   // the room is made when they are.
   if (device_->releasing_bytes() > 0) WaitForReleases();
+  return evicted;
+}
+
+void PlacementPolicy::Allocate(Payload& p, int period, const std::vector<Payload*>& keep) {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      mover_->Materialize(p);
+      return;
+    } catch (const c10::OutOfMemoryError&) {
+      // The device refused memory the plan made room for: what the plan
+      // cannot see took it (a caching allocator's cached segments, blocks
+      // still waiting for their copies, fragments too small for a chunk
+      // that it does not report). First the device gives back what it
+      // holds unused; refused again, more chunks leave, farthest next use
+      // first. With nothing left to evict, the error stands.
+      ++stats_->allocation_retries;
+      if (attempt > 0 && EvictFor(p.bytes, period, keep) == 0) throw;
+      device_->ReleaseCachedMemory();
+    }
+  }
 }
 
 void PlacementPolicy::WaitForReleases() {
@@ -97,20 +136,21 @@ void PlacementPolicy::WaitForReleases() {
 }
 
 void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
+  unusable_bytes_ = device_->unusable_bytes();
   uint64_t to_allocate = 0;
   for (const Payload* p : needed) {
     if (!p->resident) to_allocate += p->bytes;
   }
   MakeRoom(to_allocate, period, needed);
-  for (Payload* p : needed) mover_->Fetch(*p, /*prefetch=*/false);
+  for (Payload* p : needed) {
+    Allocate(*p, period, needed);
+    mover_->Fetch(*p, /*prefetch=*/false);
+  }
   // Compute waits for the copies that fill what it needs, and only those:
   // the period's own fetches and any prefetched earlier, while the next
-  // period's prefetches go on beside it. (On the simulated device, waiting
-  // holds the compute thread: that time is the step's exposed transfer.)
-  const bool waits = std::any_of(needed.begin(), needed.end(), [](const Payload* p) { return !p->device_filled.done(); });
-  const auto start = std::chrono::steady_clock::now();
+  // period's prefetches go on beside it. The device times how long compute
+  // stood waiting (the step's exposed transfer, ChunkManager::EndStep).
   for (Payload* p : needed) device_->ComputeWaitsFor(p->device_filled);
-  if (waits) stats_->transfer_seconds += SecondsSince(start);
   Prefetch(period);
   device_->ComputeBegins();
 }
@@ -120,7 +160,7 @@ void PlacementPolicy::Prefetch(int period) {
   const int next = (period + 1) % table_->cycle();
   const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
   double room = limit - double(std::max(tracer_->Predicted(period), tracer_->Predicted(next))) -
-                double(table_->DeviceModelBytes());
+                double(table_->DeviceModelBytes()) - double(unusable_bytes_);
   for (Payload* p : Needed(next)) {
     // Only what has a host copy to bring: gradients start on the device.
     if ((p->resident && p->device_valid) || !p->host_valid || p->kind == PayloadKind::kGrad) continue;
@@ -131,7 +171,14 @@ void PlacementPolicy::Prefetch(int period) {
     // update on the host) needs no room.
     const double needs = p->resident ? 0.0 : double(p->bytes);
     if (needs > room) continue;
-    mover_->Fetch(*p, /*prefetch=*/true);
+    try {
+      mover_->Fetch(*p, /*prefetch=*/true);
+    } catch (const c10::OutOfMemoryError&) {
+      // Refused although the plan has room (see Allocate): the period
+      // that needs it fetches it, evicting if it must.
+      ++stats_->allocation_retries;
+      break;
+    }
     room -= needs;
   }
 }
@@ -156,16 +203,15 @@ PlanInput PlacementPolicy::MakePlanInput() const {
   in.forward_periods = table_->stage_count();
   in.backward_periods = table_->stage_count();
   in.accumulates = accumulates_;
-  const bool cpu_update = device_->compute_device().is_cpu();
   for (const Chunk& chunk : table_->chunks) {
     in.param_bytes.push_back(chunk.payload(PayloadKind::kParam).bytes);
     in.grad_bytes.push_back(chunk.payload(PayloadKind::kGrad).bytes);
     in.optimizer_bytes.push_back(chunk.payload(PayloadKind::kOptimizer).bytes);
     // A device-side update with LibTorch ops allocates the denominator
     // (fp32) and, in mixed precision, fp32 gradients; the simulated device
-    // runs the CPU kernel in place.
+    // runs the CPU kernel in place (unless told to run the GPU's).
     const uint64_t fp32 = static_cast<uint64_t>(chunk.capacity) * 4;
-    in.update_temp_bytes.push_back(cpu_update ? 0 : mixed_ ? 2 * fp32 : fp32);
+    in.update_temp_bytes.push_back(!device_update_temps_ ? 0 : mixed_ ? 2 * fp32 : fp32);
   }
   return in;
 }

@@ -33,7 +33,8 @@ class PlacementPolicy {
   // on the device allocates temporaries (LibTorch ops on a GPU), which the
   // plan must leave room for.
   PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
-                  StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision);
+                  StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision,
+                  bool device_update_temps);
 
   // The payloads `period` computes with: its chunks' parameters, and in a
   // backward period their gradients; in the optimizer period, everything of
@@ -63,7 +64,21 @@ class PlacementPolicy {
   PlanInput MakePlanInput() const;
 
  private:
-  void MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep);
+  // Evicts what keeps `bytes` more and the period's predicted non-model
+  // memory from fitting (under auto, after the warm-up); returns the bytes
+  // evicted.
+  uint64_t MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep);
+  // Evicts at least `short_by` bytes of resident payloads other than
+  // `keep`, farthest next use first, those the plan pins last (as far as
+  // there are any); returns the bytes evicted.
+  uint64_t EvictFor(uint64_t short_by, int period, const std::vector<Payload*>& keep);
+  // The same among the payloads the plan pins on the device or among the
+  // others.
+  uint64_t EvictFrom(uint64_t short_by, int period, const std::vector<Payload*>& keep, bool pinned);
+  // Device memory for `p` (see the retries in the .cc); throws the device's
+  // out-of-memory error if even evicting everything else evictable leaves
+  // no room.
+  void Allocate(Payload& p, int period, const std::vector<Payload*>& keep);
   // Waits until device memory given back during copies is free, counting
   // the wait as exposed transfer.
   void WaitForReleases();
@@ -79,6 +94,10 @@ class PlacementPolicy {
   StepMemoryStats* stats_;
   MemoryOptions options_;
   bool mixed_;
+  bool device_update_temps_;
+  // The device's fragments as measured before the current period
+  // (MemoryDevice::unusable_bytes): room the placement keeps for them.
+  uint64_t unusable_bytes_ = 0;
   bool accumulates_ = false;
   Plan plan_;
   bool applied_ = false;

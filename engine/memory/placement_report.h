@@ -50,8 +50,16 @@ struct StepMemoryStats {
   double disk_wait_seconds = 0;
   // Stages that recomputed their activations in this step.
   std::vector<int> recomputed_stages;
-  // Seconds the step spent copying chunks between host and device.
+  // Seconds of the step spent on copies between host and device: the host
+  // waiting for them (or issuing the disk tier's) and compute stalled on
+  // them, as the device timed it (exposed transfer).
   double transfer_seconds = 0;
+  // Seconds the device's copy engines spent copying, overlapped or not.
+  double copy_seconds = 0;
+  // Device allocations refused although the plan had made room (a GPU's
+  // cached or fragmented memory), each retried after giving back cached
+  // memory or evicting more.
+  int allocation_retries = 0;
   // Seconds the step waited for the host-side updates of the step before,
   // which run beside its forward (ChunkOptimizer): exposed optimizer time.
   double update_wait_seconds = 0;

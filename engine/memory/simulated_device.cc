@@ -133,12 +133,13 @@ class CountingCpuAllocator final : public c10::Allocator {
     const bool device = counters != nullptr && !t_host_scope;
     if (device) {
       const uint64_t now = counters->device_bytes.fetch_add(bytes) + bytes;
-      if (now > counters->capacity_bytes) {
+      const uint64_t slack = counters->reserved_slack_bytes.load();
+      if (now + slack > counters->capacity_bytes) {
         counters->device_bytes.fetch_sub(bytes);
         C10_THROW_ERROR(OutOfMemoryError,
-                        absl::StrCat("simulated device out of memory: tried to allocate ",
-                                     Mib(bytes), " with ", Mib(now - bytes), " of ",
-                                     Mib(counters->capacity_bytes), " in use"));
+                        absl::StrCat("simulated device out of memory: tried to allocate ", Mib(bytes), " with ",
+                                     Mib(now - bytes), slack > 0 ? absl::StrCat(" (and ", Mib(slack), " reserved unused)") : "",
+                                     " of ", Mib(counters->capacity_bytes), " in use"));
       }
       uint64_t peak = counters->device_peak_bytes.load();
       while (now > peak && !counters->device_peak_bytes.compare_exchange_weak(peak, now)) {
@@ -273,7 +274,20 @@ class CopyEngine {
         r->blocked = blocked;
       }
     }
+    if (!blocked) return;
+    const int64_t start = NowNs();
     finished_cv_.wait(lock, [&] { return event->done(); });
+    stall_ns_ += NowNs() - start;
+  }
+
+  // Time copying and compute's waits since the last call.
+  TransferTimes TakeTimes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    TransferTimes t;
+    t.copy_seconds = double(copy_ns_) / 1e9;
+    t.stall_seconds = double(stall_ns_) / 1e9;
+    copy_ns_ = stall_ns_ = 0;
+    return t;
   }
 
   void WaitAll() {
@@ -369,11 +383,14 @@ class CopyEngine {
           if (CopyRecord* r = Record(job.done->id)) r->started_ns = NowNs();
         }
       }
+      const int64_t started = NowNs();
       if (job.bytes > 0) std::memcpy(job.target, job.source, job.bytes);
+      const int64_t copied = NowNs() - started;
       std::vector<c10::DataPtr> to_free;
       {
         std::lock_guard<std::mutex> lock(mu_);
         q.running = nullptr;
+        copy_ns_ += copied;
         job.done->finished.store(true, std::memory_order_release);
         if (keep_timeline_) {
           if (CopyRecord* r = Record(job.done->id)) r->finished_ns = NowNs();
@@ -412,6 +429,8 @@ class CopyEngine {
   uint64_t completed_ = 0;
   std::list<PendingFree> frees_;
   uint64_t releasing_bytes_ = 0;
+  int64_t copy_ns_ = 0;
+  int64_t stall_ns_ = 0;
   bool keep_timeline_ = false;
   std::deque<CopyRecord> records_;
   std::vector<int64_t> compute_begins_;
@@ -485,15 +504,28 @@ void SimulatedDevice::ComputeWaitsFor(const TransferEvent& event) { engine_->Com
 
 void SimulatedDevice::SynchronizeTransfers() { engine_->WaitAll(); }
 
-void SimulatedDevice::ReleaseAfterTransfers(c10::DataPtr data) {
+void SimulatedDevice::ReleaseAfterTransfers(c10::DataPtr data, size_t bytes) {
   if (data.get() == nullptr) return;
-  // A device block (its header says how large); anything else (a
-  // placeholder) is touched by no copy.
-  const size_t bytes = data.get_deleter() == &FreeAllocation ? HeaderOf(data.get())->bytes : 0;
+  // A device block; anything else (a placeholder) is touched by no copy.
+  if (data.get_deleter() != &FreeAllocation) bytes = 0;
   engine_->FreeAfter(std::move(data), bytes);
 }
 
 uint64_t SimulatedDevice::releasing_bytes() const { return engine_->releasing_bytes(); }
+
+void SimulatedDevice::ReleaseCachedMemory() {
+  SynchronizeTransfers();
+  if (counters_->slack_releasable) counters_->reserved_slack_bytes.store(0);
+}
+
+TransferTimes SimulatedDevice::TakeTransferTimes() { return engine_->TakeTimes(); }
+
+void SimulatedDevice::SetReservedSlack(uint64_t bytes, bool releasable) {
+  counters_->slack_releasable = releasable;
+  counters_->reserved_slack_bytes.store(bytes);
+}
+
+uint64_t SimulatedDevice::reserved_slack_bytes() const { return counters_->reserved_slack_bytes.load(); }
 
 void SimulatedDevice::ComputeBegins() { engine_->MarkCompute(); }
 

@@ -42,6 +42,10 @@ struct SimulatedMemoryCounters {
   std::atomic<uint64_t> device_peak_bytes{0};
   std::atomic<uint64_t> host_bytes{0};
   uint64_t capacity_bytes = 0;
+  // Memory counted against the capacity but in no allocation (see
+  // SimulatedDevice::SetReservedSlack).
+  std::atomic<uint64_t> reserved_slack_bytes{0};
+  std::atomic<bool> slack_releasable{true};
 };
 
 // A copy made by the simulated device's copy engine, in its timeline
@@ -85,9 +89,21 @@ class SimulatedDevice : public MemoryDevice {
                            const TransferEvent& after = TransferEvent()) override;
   void ComputeWaitsFor(const TransferEvent& event) override;
   void SynchronizeTransfers() override;
-  void ReleaseAfterTransfers(c10::DataPtr data) override;
+  void ReleaseAfterTransfers(c10::DataPtr data, size_t bytes) override;
   uint64_t releasing_bytes() const override;
+  void ReleaseCachedMemory() override;
+  uint64_t unusable_bytes() const override { return reserved_slack_bytes(); }
+  TransferTimes TakeTransferTimes() override;
   void ComputeBegins() override;
+
+  // A GPU's faults the plan cannot see: `bytes` of the capacity taken by
+  // no allocation, as a caching allocator's reserved but unallocated
+  // segments (cached blocks, fragments) are, so that an allocation the plan
+  // made room for is refused. `releasable`: ReleaseCachedMemory gives it
+  // back (cached segments); otherwise it stays (fragments pinned by live
+  // blocks), and only evicting more makes room.
+  void SetReservedSlack(uint64_t bytes, bool releasable);
+  uint64_t reserved_slack_bytes() const;
 
   // CPU tensor memory counted as host memory (host copies and host-side work).
   uint64_t host_allocated_bytes() const;

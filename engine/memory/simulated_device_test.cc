@@ -168,6 +168,62 @@ TEST(SimulatedDeviceTest, TheCopyEngineRunsEachDirectionInOrderAndSignalsEachCop
   EXPECT_TRUE(TransferEvent().done()) << "nothing to wait for";
 }
 
+// Transfer time is what the copy engine spent copying and what compute spent
+// waiting, as the device measured it, not the time taken to issue copies:
+// every copy's span counts, and compute's wait only where it had to block.
+TEST(SimulatedDeviceTest, TransferTimesAreTheCopiesAndTheWaitsTheDeviceTimed) {
+  SimulatedDevice device(64 * kMiB);
+  device.KeepTimeline(true);
+  (void)device.TakeTransferTimes();
+  constexpr int64_t kN = 4 << 20;  // 16 MiB a copy
+  torch::Tensor host = device.AllocateHost(kN, at::kFloat);
+  host.fill_(1);
+  c10::DataPtr block = device.AllocateDevice(kN * sizeof(float));
+  torch::Tensor target = torch::from_blob(block.get(), {kN}, torch::kFloat);
+  std::vector<TransferEvent> events;
+  for (int i = 0; i < 3; ++i) events.push_back(device.CopyToDevice(host, target));
+  device.ComputeWaitsFor(events.back());
+  device.SynchronizeTransfers();
+  const TransferTimes times = device.TakeTransferTimes();
+  const DeviceTimeline t = device.timeline();
+  ASSERT_EQ(t.copies.size(), 3u);
+  double spans = 0;
+  for (const CopyRecord& c : t.copies) spans += double(c.finished_ns - c.started_ns) / 1e9;
+  EXPECT_GT(times.copy_seconds, 0);
+  EXPECT_NEAR(times.copy_seconds, spans, 1e-3 + 0.01 * spans);
+  // Compute blocked on the last copy exactly when the timeline says so.
+  EXPECT_EQ(times.stall_seconds > 0, t.copies.back().blocked);
+  EXPECT_LE(times.stall_seconds, double(t.copies.back().finished_ns - t.copies.back().waited_ns) / 1e9 + 1e-3);
+  // Taken: the next call starts from zero.
+  const TransferTimes again = device.TakeTransferTimes();
+  EXPECT_EQ(again.copy_seconds, 0);
+  EXPECT_EQ(again.stall_seconds, 0);
+}
+
+// A caching allocator's reserved but unallocated memory, which no
+// allocation counts: allocations that fit the count are refused past it;
+// cached segments come back with ReleaseCachedMemory, fragments do not.
+TEST(SimulatedDeviceTest, ReservedSlackRefusesWhatTheCountSaysFits) {
+  SimulatedDevice device(8 * kMiB);
+  const uint64_t before = device.allocated_bytes();
+  device.SetReservedSlack(6 * kMiB, /*releasable=*/true);
+  EXPECT_THROW(device.AllocateDevice(4 * kMiB), c10::OutOfMemoryError);
+  EXPECT_EQ(device.allocated_bytes(), before);
+  device.ReleaseCachedMemory();
+  EXPECT_EQ(device.reserved_slack_bytes(), 0u);
+  EXPECT_NO_THROW(device.AllocateDevice(4 * kMiB));
+  device.SetReservedSlack(6 * kMiB, /*releasable=*/false);
+  device.ReleaseCachedMemory();
+  EXPECT_EQ(device.reserved_slack_bytes(), 6 * kMiB);
+  try {
+    device.AllocateDevice(4 * kMiB);
+    FAIL() << "6 MiB of fragments leave no room for 4 MiB";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("(and 6.0 MiB reserved unused)"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
 TEST(SimulatedDeviceTest, ACopyBackWaitsForTheCopyOutItNamesAfter) {
   SimulatedDevice device(64 * kMiB);
   constexpr int64_t kN = 1 << 21;  // 8 MiB: a copy long enough to race
@@ -198,7 +254,7 @@ TEST(SimulatedDeviceTest, AReleasedBlockIsFreedOnlyOnceItsCopiesAreDone) {
   EXPECT_EQ(device.allocated_bytes(), before + uint64_t(kN) * 4);
   // Given back while its copy may run: counted until the copy is done
   // (freed early, the copy would read freed memory: ASan's catch).
-  device.ReleaseAfterTransfers(std::move(block));
+  device.ReleaseAfterTransfers(std::move(block), kN * sizeof(float));
   EXPECT_TRUE(device.releasing_bytes() == uint64_t(kN) * 4 || device.allocated_bytes() == before);
   device.SynchronizeTransfers();
   EXPECT_EQ(device.releasing_bytes(), 0u);
@@ -207,7 +263,7 @@ TEST(SimulatedDeviceTest, AReleasedBlockIsFreedOnlyOnceItsCopiesAreDone) {
   EXPECT_EQ(host.max().item<float>(), 7.0f);
   // A block no copy touches goes at once.
   c10::DataPtr idle = device.AllocateDevice(kN * sizeof(float));
-  device.ReleaseAfterTransfers(std::move(idle));
+  device.ReleaseAfterTransfers(std::move(idle), kN * sizeof(float));
   EXPECT_EQ(device.allocated_bytes(), before);
 }
 
