@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: installs what is missing, then `bazel test //...`, then
+# Runs every test: installs what is missing, then `bazel test //...`, a
+# syntax check of the CUDA-only code (tools/gpu/cuda_syntax_check.sh), then
 # tools/sanitize.sh (the server and engine unit tests under AddressSanitizer
 # and UndefinedBehaviorSanitizer, the job core under ThreadSanitizer, and each
 # fuzzer for $FUZZ_SECONDS, default 30). FERRY_SANITIZERS=0 skips that part.
@@ -10,6 +11,8 @@ bash tools/install_deps.sh
 # Run every test for real: a cached pass says nothing about this machine
 # (the tests also use installed tools Bazel does not track).
 bazel test //... --cache_test_results=no "$@"
+# The CUDA-only code compiles (a CPU LibTorch build never compiles it).
+tools/gpu/cuda_syntax_check.sh
 if [ "${FERRY_SANITIZERS:-1}" != 0 ]; then
   tools/sanitize.sh "$@"
 fi
