@@ -92,10 +92,11 @@ CudaDevice::CudaDevice(c10::DeviceIndex index, uint64_t budget_bytes)
   // tensor on the device does that, before the allocator is capped (capping
   // it earlier fails with "Allocator not initialized").
   (void)at::empty({1}, at::TensorOptions().device(device_).dtype(at::kByte));
-  // The memory free now, as the driver reports it: the CUDA context, NCCL's
-  // buffers and other processes' memory are not the job's to plan with.
+  // The memory free now, as the driver reports it, and what this process's
+  // allocator already holds: the CUDA context, NCCL's buffers and other
+  // processes' memory are not the job's to plan with.
   const uint64_t total = DeviceMemoryTotalBytes(device_);
-  capacity_bytes_ = std::min(DeviceMemoryFreeBytes(device_), total);
+  capacity_bytes_ = std::min(DeviceMemoryFreeBytes(device_) + reserved_bytes(), total);
   if (budget_bytes > 0 && budget_bytes < capacity_bytes_) capacity_bytes_ = budget_bytes;
 #ifdef FERRY_LIBTORCH_CUDA
   // The allocator itself refuses to reserve past the capacity, so every
