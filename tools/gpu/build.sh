@@ -46,12 +46,15 @@ export CCACHE_NOHASHDIR=1
 args=(-S "$ROOT/tools/gpu" -B "$BUILD" -G Ninja)
 [ -n "$TORCH_PREFIX" ] && args+=("-DCMAKE_PREFIX_PATH=$TORCH_PREFIX")
 [ -n "${FERRY_DEPS_PREFIX:-}" ] && args+=("-DFERRY_DEPS_PREFIX=$FERRY_DEPS_PREFIX")
+have_ccache=""
+command -v ccache >/dev/null 2>&1 && have_ccache=1
+[ -n "$have_ccache" ] && ccache --zero-stats >/dev/null
 start=$(date +%s)
 cmake "${args[@]}"
 cmake --build "$BUILD" -j "$JOBS"
 echo "build.sh: built in $(($(date +%s) - start)) s in $BUILD"
-if command -v ccache >/dev/null 2>&1; then
-  ccache --show-stats 2>/dev/null | grep -Ei '^ *(hits|misses|cacheable|direct|preprocessed)' || true
+if [ -n "$have_ccache" ]; then
+  ccache --show-stats 2>/dev/null | grep -E '^ *(Hits|Misses):' || true
 fi
 
 if [ -n "$TEST" ]; then

@@ -35,7 +35,10 @@ if ! apt-cache show --no-all-versions "${PACKAGES[0]}" >/dev/null 2>&1; then
 fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
-(cd "$OUT" && apt-get download -qq "${PACKAGES[@]}")
+# As root, download as root: apt's sandbox user may not write to OUTDIR.
+sandbox=()
+[ "$(id -u)" = 0 ] && sandbox=(-o APT::Sandbox::User=root)
+(cd "$OUT" && apt-get download -qq "${sandbox[@]}" "${PACKAGES[@]}")
 bytes=$(cat "$OUT"/*.deb | wc -c)
 mib=$(( (bytes + 1048575) / 1048576 ))
 echo "pack_debs: $(ls "$OUT"/*.deb | wc -l) packages, $bytes bytes ($mib MiB) in $OUT"
