@@ -7,6 +7,9 @@ PACKAGES=(
   # Build system (Bazel 4 from Debian, offline) and its Java rules.
   bazel-bootstrap bazel-rules-java
   g++ git ca-certificates
+  # The CMake build for GPU machines without Bazel (tools/gpu/build.sh), which
+  # CI also runs: CMake, ninja, ccache.
+  cmake ninja-build ccache
   # C++ libraries.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev libgtest-dev

@@ -3,8 +3,11 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -206,6 +209,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrus
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in a group of ", size));
   }
+#ifdef USE_C10D_GLOO
   try {
     auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
     o->devices.push_back(options.gloo_hostname.empty()
@@ -218,6 +222,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(c10::intrus
     return absl::UnavailableError(absl::StrCat("the ", options.name, " group (rank ", rank, " of ", size,
                                                ") could not connect: ", What(e)));
   }
+#else
+  // A LibTorch installed without Gloo's headers (see tools/gpu/CMakeLists.txt).
+  (void)store;
+  return absl::UnimplementedError("Gloo is not available in this build (LibTorch's Gloo headers were missing)");
+#endif
 }
 
 absl::StatusOr<ParallelGroups> JoinParallelGroups(c10::intrusive_ptr<c10d::Store> store, int world_rank,
