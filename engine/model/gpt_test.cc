@@ -189,6 +189,13 @@ class ShapeOnlyCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void AllReduce(at::Tensor&, ReduceOp) override { ADD_FAILURE() << "a collective while building"; }
+  std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor, at::Tensor) override {
+    ADD_FAILURE() << "a collective while building";
+    return nullptr;
+  }
+  void AllGatherInto(const at::Tensor&, const at::Tensor&) override {
+    ADD_FAILURE() << "a collective while building";
+  }
   at::Tensor AllGather(const at::Tensor& t, int64_t) override {
     ADD_FAILURE() << "a collective while building";
     return t;

@@ -13,6 +13,7 @@
 #endif
 
 #include <functional>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -64,18 +65,67 @@ class C10dCommunicator : public Communicator {
 
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override {
     if (!t.is_contiguous()) throw std::invalid_argument("StartAllReduce: the tensor must be contiguous");
-    auto pending = std::make_unique<Pending>(this);
+    auto pending = std::make_unique<Pending>(this, Collective::kAllReduce);
     at::Tensor wire = ForTheWire(t);
-    if (!wire.is_same(t)) pending->target = t;  // filled from the wire on Wait
+    if (!wire.is_same(t)) pending->finish = [t, wire]() mutable { t.copy_(wire); };
     pending->tensors = {std::move(wire)};
     c10d::AllreduceOptions o;
     o.timeout = options_.timeout;
-    try {
-      pending->work = group_->allreduce(pending->tensors, o);
-    } catch (const std::exception& e) {
-      throw Failure(Collective::kAllReduce, e);
+    pending->Start([&] { return group_->allreduce(pending->tensors, o); });
+    return pending;
+  }
+
+  std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor input, at::Tensor output) override {
+    const int64_t n = size();
+    if (!input.is_contiguous() || !output.is_contiguous() || input.numel() % n != 0 ||
+        output.numel() != input.numel() / n || output.scalar_type() != input.scalar_type()) {
+      throw std::invalid_argument(absl::StrCat("ReduceScatter: ", input.numel(), " elements into blocks of ",
+                                               output.numel(), " over ", n, " ranks"));
+    }
+    auto pending = std::make_unique<Pending>(this, Collective::kReduceScatter);
+    at::Tensor wire = ForTheWire(input);
+    if constexpr (std::is_same_v<Group, c10d::ProcessGroupGloo>) {
+      // Gloo (LibTorch 1.13) has no reduce-scatter: an all-to-all sends
+      // each rank its block of every rank's input (the same bytes a ring
+      // reduce-scatter sends), and the blocks are summed here, in rank
+      // order, in the wire's type (fp32 for bf16), rounded once.
+      at::Tensor blocks = at::empty_like(wire);
+      pending->tensors = {wire, blocks};
+      pending->finish = [blocks, output, n]() mutable {
+        output.copy_(blocks.view({n, -1}).sum(0));
+      };
+      std::vector<int64_t> even;
+      c10d::AllToAllOptions o;
+      o.timeout = options_.timeout;
+      pending->Start([&] { return group_->alltoall_base(pending->tensors[1], pending->tensors[0], even, even, o); });
+    } else {
+      at::Tensor out = wire.is_same(input) ? output : at::empty({output.numel()}, wire.options());
+      if (!out.is_same(output)) pending->finish = [out, output]() mutable { output.copy_(out); };
+      std::vector<at::Tensor> outputs{out};
+      std::vector<std::vector<at::Tensor>> inputs{wire.chunk(n)};
+      pending->tensors = {wire, out};
+      c10d::ReduceScatterOptions o;
+      o.timeout = options_.timeout;
+      pending->Start([&] { return group_->reduce_scatter(outputs, inputs, o); });
     }
     return pending;
+  }
+
+  void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) override {
+    const int64_t n = size();
+    if (!output.is_contiguous() || output.numel() != shard.numel() * n ||
+        output.scalar_type() != shard.scalar_type()) {
+      throw std::invalid_argument(absl::StrCat("AllGatherInto: blocks of ", shard.numel(), " into ",
+                                               output.numel(), " elements over ", n, " ranks"));
+    }
+    // A copy of the shard, which may be a block of `output` itself.
+    std::vector<at::Tensor> input{ForTheWire(shard).clone()};
+    at::Tensor flat = ForTheWire(output);
+    std::vector<std::vector<at::Tensor>> outputs{flat.view({n, -1}).unbind(0)};
+    c10d::AllgatherOptions o;
+    o.timeout = options_.timeout;
+    Run(Collective::kAllGather, [&] { return group_->allgather(outputs, input, o); });
+    if (!flat.is_same(output)) output.copy_(flat);
   }
 
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override {
@@ -106,18 +156,27 @@ class C10dCommunicator : public Communicator {
 
  private:
   struct Pending : public PendingCollective {
-    explicit Pending(C10dCommunicator* owner) : owner(owner) {}
+    Pending(C10dCommunicator* owner, Collective collective) : owner(owner), collective(collective) {}
+    void Start(const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+      try {
+        work = start();
+      } catch (const std::exception& e) {
+        throw owner->Failure(collective, e);
+      }
+    }
     void Wait() override {
       try {
         owner->Finish(work);
       } catch (const std::exception& e) {
-        throw owner->Failure(Collective::kAllReduce, e);
+        throw owner->Failure(collective, e);
       }
-      if (target.defined()) target.copy_(tensors[0]);
+      if (finish) finish();
     }
     C10dCommunicator* owner;
+    Collective collective;
     std::vector<at::Tensor> tensors;  // kept alive while in flight
-    at::Tensor target;                // the caller's tensor, when the wire's is a copy
+    // Once done: results from the wire's tensors into the caller's.
+    std::function<void()> finish;
     c10::intrusive_ptr<c10d::Work> work;
   };
 
@@ -151,6 +210,13 @@ class SoloCommunicator : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void AllReduce(at::Tensor&, ReduceOp) override {}
+  std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor input, at::Tensor output) override {
+    output.copy_(input.view_as(output));
+    return std::make_unique<DoneCollective>();
+  }
+  void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) override {
+    output.copy_(shard.view_as(output));
+  }
   at::Tensor AllGather(const at::Tensor& t, int64_t) override { return t.clone(); }
   void Broadcast(at::Tensor&, int) override {}
   void Barrier() override {}
@@ -169,6 +235,8 @@ const char* CollectiveName(Collective c) {
   switch (c) {
     case Collective::kAllReduce:
       return "all-reduce";
+    case Collective::kReduceScatter:
+      return "reduce-scatter";
     case Collective::kAllGather:
       return "all-gather";
     case Collective::kBroadcast:
@@ -299,8 +367,30 @@ absl::Status FinishParallelGroups(const ParallelGroups& groups) {
   return absl::OkStatus();
 }
 
+void CountingCommunicator::Record(Collective c, uint64_t bytes) {
+  const uint64_t n = static_cast<uint64_t>(size());
+  uint64_t wire = 0;
+  switch (c) {
+    case Collective::kAllReduce:
+      wire = 2 * (n - 1) * bytes / n;
+      break;
+    case Collective::kReduceScatter:
+      wire = (n - 1) * bytes / n;
+      break;
+    case Collective::kAllGather:
+      wire = (n - 1) * bytes;
+      break;
+    case Collective::kBroadcast:
+      wire = n > 1 ? bytes : 0;
+      break;
+    case Collective::kBarrier:
+      break;
+  }
+  calls_.push_back({c, bytes, wire});
+}
+
 void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {
-  calls_.push_back({Collective::kAllReduce, TensorBytes(t)});
+  Record(Collective::kAllReduce, TensorBytes(t));
   inner_->AllReduce(t, op);
 }
 
@@ -310,22 +400,32 @@ std::unique_ptr<PendingCollective> Communicator::StartAllReduce(at::Tensor t) {
 }
 
 std::unique_ptr<PendingCollective> CountingCommunicator::StartAllReduce(at::Tensor t) {
-  calls_.push_back({Collective::kAllReduce, TensorBytes(t)});
+  Record(Collective::kAllReduce, TensorBytes(t));
   return inner_->StartAllReduce(std::move(t));
 }
 
+std::unique_ptr<PendingCollective> CountingCommunicator::StartReduceScatter(at::Tensor input, at::Tensor output) {
+  Record(Collective::kReduceScatter, TensorBytes(input));
+  return inner_->StartReduceScatter(std::move(input), std::move(output));
+}
+
+void CountingCommunicator::AllGatherInto(const at::Tensor& shard, const at::Tensor& output) {
+  Record(Collective::kAllGather, TensorBytes(shard));
+  inner_->AllGatherInto(shard, output);
+}
+
 at::Tensor CountingCommunicator::AllGather(const at::Tensor& t, int64_t dim) {
-  calls_.push_back({Collective::kAllGather, TensorBytes(t)});
+  Record(Collective::kAllGather, TensorBytes(t));
   return inner_->AllGather(t, dim);
 }
 
 void CountingCommunicator::Broadcast(at::Tensor& t, int root) {
-  calls_.push_back({Collective::kBroadcast, TensorBytes(t)});
+  Record(Collective::kBroadcast, TensorBytes(t));
   inner_->Broadcast(t, root);
 }
 
 void CountingCommunicator::Barrier() {
-  calls_.push_back({Collective::kBarrier, 0});
+  Record(Collective::kBarrier, 0);
   inner_->Barrier();
 }
 
@@ -338,6 +438,12 @@ int CountingCommunicator::Count(Collective c) const {
 uint64_t CountingCommunicator::Bytes(Collective c) const {
   uint64_t n = 0;
   for (const Call& call : calls_) n += call.collective == c ? call.bytes : 0;
+  return n;
+}
+
+uint64_t CountingCommunicator::WireBytes() const {
+  uint64_t n = 0;
+  for (const Call& call : calls_) n += call.wire_bytes;
   return n;
 }
 

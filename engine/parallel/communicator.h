@@ -30,7 +30,7 @@ class CollectiveException : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Collective { kAllReduce, kAllGather, kBroadcast, kBarrier };
+enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
 enum class ReduceOp { kSum, kMax };
 const char* CollectiveName(Collective c);
 
@@ -57,6 +57,18 @@ class Communicator {
   // once where the backend runs collectives in the background (Gloo, NCCL);
   // `t` must be left alone until Wait() returns.
   virtual std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t);
+  // The sum over the group of `input` (contiguous, size() equal blocks):
+  // this rank's block of it (block rank()) into `output`, input.numel() /
+  // size() elements, which must not overlap `input`. Each rank sends
+  // (size() - 1) / size() of `input`: half an all-reduce. Returns at once
+  // where the backend runs collectives in the background; `input` and
+  // `output` must be left alone until Wait() returns.
+  virtual std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor input, at::Tensor output) = 0;
+  void ReduceScatter(const at::Tensor& input, const at::Tensor& output) { StartReduceScatter(input, output)->Wait(); }
+  // Every rank's `shard` into `output` (contiguous, size() blocks of
+  // shard.numel() elements) in rank order; `shard` may be output's own
+  // block. Each rank receives (size() - 1) / size() of `output`.
+  virtual void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) = 0;
   // Every rank's `t`, concatenated along `dim` in rank order.
   virtual at::Tensor AllGather(const at::Tensor& t, int64_t dim) = 0;
   // `t` from `root` to every rank, in place.
@@ -130,6 +142,11 @@ class CountingCommunicator : public Communicator {
   struct Call {
     Collective collective;
     uint64_t bytes;  // of this rank's input
+    // What this rank sends under the bandwidth-optimal (ring) algorithm:
+    // an all-reduce of N bytes 2 (n - 1) / n N, a reduce-scatter of N
+    // (n - 1) / n N, an all-gather of a shard of N / n bytes (n - 1) / n N,
+    // a broadcast of N bytes N from the root.
+    uint64_t wire_bytes;
   };
 
   // `inner` must outlive this.
@@ -140,6 +157,8 @@ class CountingCommunicator : public Communicator {
   int size() const override { return inner_->size(); }
   void AllReduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) override;
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override;
+  std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor input, at::Tensor output) override;
+  void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) override;
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override;
   void Broadcast(at::Tensor& t, int root) override;
   void Barrier() override;
@@ -147,10 +166,14 @@ class CountingCommunicator : public Communicator {
   const std::vector<Call>& calls() const { return calls_; }
   int Count(Collective c) const;
   uint64_t Bytes(Collective c) const;
+  // Summed over every collective.
+  uint64_t WireBytes() const;
   void Reset() { calls_.clear(); }
 
  private:
   Communicator* inner_;
+  void Record(Collective c, uint64_t bytes);
+
   std::vector<Call> calls_;
 };
 

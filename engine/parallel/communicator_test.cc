@@ -54,6 +54,47 @@ TEST(CommunicatorTest, Bf16CollectivesOverGloo) {
   });
 }
 
+// Reduce-scatter and all-gather into place: each rank's block of the sum,
+// then every rank's block back in rank order -- together an all-reduce.
+TEST(CommunicatorTest, ReduceScatterAndAllGatherIntoPlace) {
+  for (int size : {2, 3, 4}) {
+    RunRanks(size, [size](int rank, Communicator* comm) {
+      // Rank r's input: element i is (r + 1) * (i + 1).
+      const at::Tensor input = (at::arange(1, 2 * size + 1, at::kFloat) * float(rank + 1)).contiguous();
+      at::Tensor block = at::empty({2});
+      comm->ReduceScatter(input, block);
+      const float ranks_sum = float(size * (size + 1) / 2);
+      EXPECT_TRUE(at::equal(block, at::arange(2 * rank + 1, 2 * rank + 3, at::kFloat) * ranks_sum))
+          << "rank " << rank << " of " << size << ": " << block;
+      at::Tensor whole = at::zeros({2 * size});
+      whole.narrow(0, 2 * rank, 2).copy_(block);
+      comm->AllGatherInto(whole.narrow(0, 2 * rank, 2), whole);
+      EXPECT_TRUE(at::equal(whole, at::arange(1, 2 * size + 1, at::kFloat) * ranks_sum));
+      // In the background: nothing touches the tensors until Wait.
+      at::Tensor later = at::empty({2});
+      std::unique_ptr<PendingCollective> pending = comm->StartReduceScatter(input, later);
+      pending->Wait();
+      EXPECT_TRUE(at::equal(later, block));
+    });
+  }
+  // bf16 travels as fp32 and is rounded once, after the sum.
+  RunRanks(2, [](int rank, Communicator* comm) {
+    const at::Tensor input = at::full({4}, 1.0 + rank * 0.00390625, at::kBFloat16);
+    at::Tensor block = at::empty({2}, at::kBFloat16);
+    comm->ReduceScatter(input, block);
+    EXPECT_TRUE(at::equal(block, at::full({2}, 2.0, at::kBFloat16)));
+    at::Tensor whole = at::zeros({4}, at::kBFloat16);
+    comm->AllGatherInto(at::full({2}, 0.5 + rank, at::kBFloat16), whole);
+    EXPECT_TRUE(at::equal(whole, torch::tensor({0.5f, 0.5f, 1.5f, 1.5f}).to(at::kBFloat16)));
+    EXPECT_THROW(comm->ReduceScatter(at::ones({3}), at::empty({1})), std::invalid_argument);
+  });
+  // A group of one: the identity.
+  std::unique_ptr<Communicator> solo = MakeSoloCommunicator("data");
+  at::Tensor out = at::empty({3});
+  solo->ReduceScatter(at::arange(3, at::kFloat), out);
+  EXPECT_TRUE(at::equal(out, at::arange(3, at::kFloat)));
+}
+
 TEST(CommunicatorTest, CountingCountsCallsAndBytes) {
   RunRanks(2, [](int, Communicator* comm) {
     CountingCommunicator counting(comm);
@@ -65,6 +106,14 @@ TEST(CommunicatorTest, CountingCountsCallsAndBytes) {
     EXPECT_EQ(counting.Bytes(Collective::kAllReduce), 2u * 8 * 4 * 4);
     EXPECT_EQ(counting.Count(Collective::kAllGather), 1);
     EXPECT_EQ(counting.Bytes(Collective::kAllGather), 12u);
+    // What a ring sends: an all-reduce twice a reduce-scatter of the same
+    // tensor, a reduce-scatter and an all-gather of its shard one each.
+    EXPECT_EQ(counting.WireBytes(), 2 * 128u + 12u);
+    counting.Reset();
+    at::Tensor shard = at::empty({16});
+    counting.ReduceScatter(t.view(-1), shard);
+    counting.AllGatherInto(shard, t.view(-1));
+    EXPECT_EQ(counting.WireBytes(), 128u) << "reduce-scatter + all-gather = one all-reduce";
   });
 }
 

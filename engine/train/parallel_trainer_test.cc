@@ -118,6 +118,11 @@ class IdleGroup : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   void AllReduce(at::Tensor&, ReduceOp) override { ADD_FAILURE() << "a collective ran"; }
+  std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor, at::Tensor) override {
+    ADD_FAILURE() << "a collective ran";
+    return nullptr;
+  }
+  void AllGatherInto(const at::Tensor&, const at::Tensor&) override { ADD_FAILURE() << "a collective ran"; }
   at::Tensor AllGather(const at::Tensor& t, int64_t) override { return t; }
   void Broadcast(at::Tensor&, int) override {}
   void Barrier() override {}

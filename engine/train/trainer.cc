@@ -820,6 +820,8 @@ class PlaceOnlyCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void AllReduce(at::Tensor&, ReduceOp) override { Refuse(); }
+  std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor, at::Tensor) override { Refuse(); }
+  void AllGatherInto(const at::Tensor&, const at::Tensor&) override { Refuse(); }
   at::Tensor AllGather(const at::Tensor&, int64_t) override { Refuse(); }
   void Broadcast(at::Tensor&, int) override { Refuse(); }
   void Barrier() override { Refuse(); }
