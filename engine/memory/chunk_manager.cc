@@ -102,8 +102,8 @@ ChunkManager::ChunkManager(MemoryDevice* device, const MemoryOptions& options, c
       policy_(device, &table_, &tracer_, &mover_, &stats_, options, optimizer.param_dtype != c10::kFloat,
               UpdatesWithTorchOps(*device, optimizer)),
       reducer_(&table_, &mover_, groups.tensor, groups.data),
-      optimizer_(device, &store_, &table_, &mover_, optimizer),
-      values_(device, &store_, &table_, optimizer.param_dtype),
+      optimizer_(device, &store_, &table_, &mover_, optimizer, groups.data),
+      values_(device, &store_, &table_, optimizer.param_dtype, groups.data),
       stage_fns_(table_.stages.size()),
       backward_started_(table_.stages.size(), false),
       backward_done_(table_.stages.size(), false) {
@@ -134,6 +134,16 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   search.max_chunks = options.max_chunks;
   absl::StatusOr<ChunkLayout> layout = ChooseChunkLayout(numels, first_stage, options.chunk_elements, search);
   if (!layout.ok()) return layout.status();
+  // Sharded, every chunk splits into D equal parts, one a data rank.
+  const bool sharded = options.shard != MemoryOptions::Shard::kNone && groups.data != nullptr &&
+                       groups.data->size() > 1;
+  const int64_t shards = sharded ? groups.data->size() : 1;
+  const int64_t shard_rank = sharded ? groups.data->rank() : 0;
+  // With the disk tier, each shard starts on a disk block, where a slice of
+  // its states (and of the gradients on disk) may start.
+  const bool disk_tier = !options.disk_dir.empty() && options.disk_budget_bytes > 0;
+  const int64_t multiple = shards * (sharded && disk_tier ? kDiskSliceQuantum : 1);
+  for (int64_t& capacity : layout->capacity) capacity = (capacity + multiple - 1) / multiple * multiple;
 
   ChunkTable table;
   table.stages = std::move(stages);
@@ -143,14 +153,16 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     chunk.id = c;
     chunk.capacity = layout->capacity[static_cast<size_t>(c)];
     chunk.used = layout->used[static_cast<size_t>(c)];
+    chunk.shard_numel = chunk.capacity / shards;
+    chunk.shard_begin = shard_rank * chunk.shard_numel;
     for (int k = 0; k < kPayloadKinds; ++k) {
       Payload& p = chunk.payloads[k];
       p.kind = static_cast<PayloadKind>(k);
       p.chunk = c;
       // Optimizer states: both moments, and in mixed precision the fp32
-      // master weights after them.
+      // master weights after them, of this rank's shard.
       p.regions = p.kind == PayloadKind::kOptimizer ? (mixed ? 3 : 2) : 1;
-      p.numel = p.regions * chunk.capacity;
+      p.numel = p.regions * (p.kind == PayloadKind::kOptimizer ? chunk.shard_numel : chunk.capacity);
       p.dtype = p.kind == PayloadKind::kOptimizer ? c10::kFloat : optimizer.param_dtype;
       p.bytes = static_cast<uint64_t>(p.numel) * c10::elementSize(p.dtype);
     }
@@ -175,6 +187,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   // against the host budget until they move into chunks, and the largest
   // scratch an initialisation takes until every chunk is filled.
   TierInput tiers = ChunkTierInput(layout->capacity, mixed);
+  for (int64_t capacity : layout->capacity) tiers.optimizer_elements.push_back(capacity / shards);
   for (const ManagedParam& p : params) {
     if (p.init) {
       tiers.init_scratch_bytes = std::max(tiers.init_scratch_bytes, p.init_scratch_bytes);

@@ -14,8 +14,14 @@
 namespace ferry {
 
 ChunkOptimizer::ChunkOptimizer(MemoryDevice* device, PayloadStore* store, ChunkTable* table, PayloadMover* mover,
-                               const OptimizerOptions& options)
-    : device_(device), store_(store), table_(table), mover_(mover), options_(options), simd_(BestSimdPath()) {
+                               const OptimizerOptions& options, Communicator* data)
+    : device_(device),
+      store_(store),
+      table_(table),
+      mover_(mover),
+      data_(data),
+      options_(options),
+      simd_(BestSimdPath()) {
   if (options_.overlap) worker_ = std::make_unique<HostWorker>();
 }
 
@@ -35,22 +41,25 @@ void ChunkOptimizer::Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b,
 
 CpuAdamBuffers ChunkOptimizer::WholeChunk(const Chunk& chunk, const at::Tensor& params, const at::Tensor& grads,
                                           const at::Tensor& states) const {
+  // This rank's shard of the chunk (all of it, unsharded): the states hold
+  // it alone.
+  const size_t begin = static_cast<size_t>(chunk.shard_begin);
   CpuAdamBuffers b;
   b.exp_avg = states.data_ptr<float>();
-  b.exp_avg_sq = b.exp_avg + chunk.capacity;
-  b.master = mixed() ? b.exp_avg + 2 * chunk.capacity : params.data_ptr<float>();
-  b.grad = grads.data_ptr();
+  b.exp_avg_sq = b.exp_avg + chunk.shard_numel;
+  b.master = mixed() ? b.exp_avg + 2 * chunk.shard_numel : params.data_ptr<float>() + begin;
+  b.grad = static_cast<const char*>(grads.data_ptr()) + begin * grads.element_size();
   b.grad_type = LowTypeOf(grads.scalar_type());
   if (mixed()) {
-    b.copy = params.data_ptr();
+    b.copy = static_cast<char*>(params.data_ptr()) + begin * params.element_size();
     b.copy_type = LowTypeOf(params.scalar_type());
   }
-  b.numel = chunk.used;
+  b.numel = chunk.shard_used();
   return b;
 }
 
 void ChunkOptimizer::UpdateOnCpu(Chunk& chunk, const AdamWHyper& hyper) {
-  Kernel(chunk, 0,
+  Kernel(chunk, chunk.shard_begin,
          WholeChunk(chunk, chunk.payload(PayloadKind::kParam).device, chunk.payload(PayloadKind::kGrad).device,
                     chunk.payload(PayloadKind::kOptimizer).device),
          hyper);
@@ -72,8 +81,10 @@ void ChunkOptimizer::UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper) {
   const CpuAdamBuffers b = WholeChunk(chunk, p.host, g.host, o.host);
   // The task holds only raw buffers and values: the payloads' bookkeeping
   // stays with the training thread, done here as of after the update.
+  std::vector<DecaySegment> decay = chunk.decay;
+  for (DecaySegment& d : decay) d.offset -= chunk.shard_begin;
   chunk.update = worker_->Submit(
-      [b, decay = chunk.decay, hyper, simd = simd_] { CpuAdamWStep(b, decay, hyper, simd); });
+      [b, decay = std::move(decay), hyper, simd = simd_] { CpuAdamWStep(b, decay, hyper, simd); });
   o.host_valid = true;
   g.host_valid = false;
   g.disk_valid = false;
@@ -91,19 +102,28 @@ void ChunkOptimizer::UpdateOnDevice(Chunk& chunk, const AdamWHyper& hyper) {
   Payload& p = chunk.payload(PayloadKind::kParam);
   Payload& g = chunk.payload(PayloadKind::kGrad);
   Payload& o = chunk.payload(PayloadKind::kOptimizer);
-  const int64_t n = chunk.used;
+  // This rank's shard (the whole chunk, unsharded).
+  const int64_t begin = chunk.shard_begin, n = chunk.shard_used(), region = chunk.shard_numel;
   if (!UpdatesWithTorchOps(*device_, options_)) {
     // The simulated device is CPU memory: the same kernel as the host's, so
     // where a chunk lives never changes the numbers.
     UpdateOnCpu(chunk, hyper);
-  } else if (mixed()) {
-    at::Tensor master = o.device.narrow(0, 2 * chunk.capacity, n);
-    FlatAdamWStep(master, g.device.narrow(0, 0, n).to(at::kFloat), o.device.narrow(0, 0, n),
-                  o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
-    p.device.narrow(0, 0, n).copy_(master);
   } else {
-    FlatAdamWStep(p.device.narrow(0, 0, n), g.device.narrow(0, 0, n), o.device.narrow(0, 0, n),
-                  o.device.narrow(0, chunk.capacity, n), chunk.decay, hyper);
+    // The decay ranges within the shard, from its start.
+    std::vector<DecaySegment> decay;
+    for (const DecaySegment& d : chunk.decay) {
+      const int64_t lo = std::max(d.offset, begin), hi = std::min(d.offset + d.numel, begin + n);
+      if (lo < hi) decay.push_back({lo - begin, hi - lo});
+    }
+    if (mixed()) {
+      at::Tensor master = o.device.narrow(0, 2 * region, n);
+      FlatAdamWStep(master, g.device.narrow(0, begin, n).to(at::kFloat), o.device.narrow(0, 0, n),
+                    o.device.narrow(0, region, n), decay, hyper);
+      p.device.narrow(0, begin, n).copy_(master);
+    } else {
+      FlatAdamWStep(p.device.narrow(0, begin, n), g.device.narrow(0, begin, n), o.device.narrow(0, 0, n),
+                    o.device.narrow(0, region, n), decay, hyper);
+    }
   }
   // The device copies are the only current ones: the host (and the disk)
   // no longer mirror them.
@@ -169,18 +189,22 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     const Payload& g = chunk.payload(PayloadKind::kGrad);
     const Payload& o = chunk.payload(PayloadKind::kOptimizer);
     const int64_t slice = o.home == Tier::kDisk ? o.slice_elements : g.home == Tier::kDisk ? g.slice_elements : 0;
-    if (slice == 0) {
-      if (worker_ != nullptr) {
+    // This rank's shard of the chunk (all of it, unsharded).
+    const int64_t first = chunk.shard_begin, end = chunk.shard_begin + chunk.shard_used();
+    // A sharded chunk's weights are gathered once every rank has updated
+    // its shard (below): not beside the next forward.
+    if (slice == 0 || end == first) {
+      if (worker_ != nullptr && !chunk.sharded()) {
         UpdateOnHostBeside(chunk, hyper);
         ++result.overlapped_updates;
       } else {
-        units.push_back({&chunk, 0, chunk.used, -1});
+        units.push_back({&chunk, first, end - first, -1});
       }
       continue;
     }
-    for (int64_t begin = 0; begin < chunk.used; begin += slice) {
+    for (int64_t begin = first; begin < end; begin += slice) {
       staged.push_back(units.size());
-      units.push_back({&chunk, begin, std::min(slice, chunk.used - begin), -1});
+      units.push_back({&chunk, begin, std::min(slice, end - begin), -1});
     }
   }
   // A staged unit's slot holds its optimizer states' regions, then its
@@ -195,7 +219,8 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     Payload& g = u.chunk->payload(PayloadKind::kGrad);
     Payload& o = u.chunk->payload(PayloadKind::kOptimizer);
     u.slot = store_->AcquireSlot();
-    if (o.home == Tier::kDisk) store_->StartRead(o, u.slot, 0, u.begin, u.count);
+    // The states hold the shard alone: their elements count from its start.
+    if (o.home == Tier::kDisk) store_->StartRead(o, u.slot, 0, u.begin - u.chunk->shard_begin, u.count);
     if (g.home == Tier::kDisk) store_->StartRead(g, u.slot, grad_at(*u.chunk), u.begin, u.count);
   };
   const size_t ahead = static_cast<size_t>(kDiskStagingSlots) - 1;
@@ -207,7 +232,7 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     Payload& g = chunk.payload(PayloadKind::kGrad);
     Payload& o = chunk.payload(PayloadKind::kOptimizer);
     const bool states_on_disk = o.home == Tier::kDisk, grads_on_disk = g.home == Tier::kDisk;
-    if (u.begin == 0) {
+    if (u.begin == chunk.shard_begin) {
       if (!p.host_valid || !(grads_on_disk ? g.disk_valid : g.host_valid)) {
         throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": host update without current host copies"));
       }
@@ -220,33 +245,37 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
       }
     }
     if (u.slot >= 0) store_->FinishReads(u.slot);
+    // A shard past the chunk's used elements has nothing to update.
+    const bool empty = u.count == 0;
     std::vector<at::Tensor> states, grads;
-    if (states_on_disk) states = store_->SliceViews(o, u.slot, 0, u.count);
-    if (grads_on_disk) grads = store_->SliceViews(g, u.slot, grad_at(chunk), u.count);
+    if (states_on_disk && !empty) states = store_->SliceViews(o, u.slot, 0, u.count);
+    if (grads_on_disk && !empty) grads = store_->SliceViews(g, u.slot, grad_at(chunk), u.count);
     // Element `begin` of a region of the states, on disk or on the host.
     auto state = [&](int region) {
       return states_on_disk ? states[static_cast<size_t>(region)].data_ptr<float>()
-                            : o.host.data_ptr<float>() + region * chunk.capacity + u.begin;
+                            : o.host.data_ptr<float>() + region * chunk.shard_numel + (u.begin - chunk.shard_begin);
     };
-    const size_t weight = c10::elementSize(p.dtype);
-    CpuAdamBuffers b;
-    b.exp_avg = state(0);
-    b.exp_avg_sq = state(1);
-    b.master = mixed() ? state(2) : p.host.data_ptr<float>() + u.begin;
-    b.grad = grads_on_disk ? grads[0].data_ptr()
-                           : static_cast<const char*>(g.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
-    b.grad_type = LowTypeOf(g.dtype);
-    if (mixed()) {
-      b.copy = static_cast<char*>(p.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
-      b.copy_type = LowTypeOf(p.dtype);
+    if (!empty) {
+      const size_t weight = c10::elementSize(p.dtype);
+      CpuAdamBuffers b;
+      b.exp_avg = state(0);
+      b.exp_avg_sq = state(1);
+      b.master = mixed() ? state(2) : p.host.data_ptr<float>() + u.begin;
+      b.grad = grads_on_disk ? grads[0].data_ptr()
+                             : static_cast<const char*>(g.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
+      b.grad_type = LowTypeOf(g.dtype);
+      if (mixed()) {
+        b.copy = static_cast<char*>(p.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
+        b.copy_type = LowTypeOf(p.dtype);
+      }
+      b.numel = u.count;
+      Kernel(chunk, u.begin, b, hyper);
     }
-    b.numel = u.count;
-    Kernel(chunk, u.begin, b, hyper);
     if (u.slot >= 0) {
-      if (states_on_disk) store_->StartWrite(o, u.slot, 0, u.begin, u.count);
+      if (states_on_disk) store_->StartWrite(o, u.slot, 0, u.begin - chunk.shard_begin, u.count);
       start_read(++next_staged + ahead - 1);
     }
-    if (u.begin + u.count < chunk.used) continue;
+    if (u.begin + u.count < chunk.shard_begin + chunk.shard_used()) continue;
     // The chunk is done.
     if (states_on_disk) {
       o.disk_valid = true;
@@ -256,16 +285,43 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
     g.host_valid = false;
     g.disk_valid = false;
     p.device_valid = false;
-    if (p.pinned) {
-      mover_->Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
-    } else {
-      store_->Release(p);
-    }
     chunk.optimizer_initialized = true;
+    if (!chunk.sharded()) ReleaseUpdated(p);
   }
   // Within the step: what the update wrote is on disk before it ends.
   store_->FinishWrites();
+  GatherShards();
   return result;
+}
+
+void ChunkOptimizer::ReleaseUpdated(Payload& p) {
+  if (p.pinned) {
+    mover_->Fetch(p, /*prefetch=*/false);  // pinned: refresh the device copy now
+  } else {
+    store_->Release(p);
+  }
+}
+
+void ChunkOptimizer::GatherShards() {
+  // Every rank has updated its shard of every chunk: each chunk's weights
+  // are made whole from the data group's shards, where the update left
+  // them (the device copy, or the host copy), in chunk order on every rank
+  // -- the order of the collectives must not depend on a rank's own
+  // placement.
+  for (Chunk& chunk : table_->chunks) {
+    if (!chunk.sharded()) continue;
+    if (data_ == nullptr || data_->size() * chunk.shard_numel != chunk.capacity) {
+      throw std::logic_error(absl::StrCat("chunk ", chunk.id, " is sharded but the data group cannot gather it"));
+    }
+    Payload& p = chunk.payload(PayloadKind::kParam);
+    const bool on_device = chunk.device_homed();
+    at::Tensor whole = on_device ? p.device : p.host;
+    if (on_device ? !(p.resident && p.device_valid) : !p.host_valid) {
+      throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": updated weights missing for the gather"));
+    }
+    data_->AllGatherInto(whole.narrow(0, chunk.shard_begin, chunk.shard_numel), whole.narrow(0, 0, chunk.capacity));
+    if (!on_device) ReleaseUpdated(p);
+  }
 }
 
 }  // namespace ferry

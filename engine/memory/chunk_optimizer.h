@@ -28,6 +28,7 @@
 #include "engine/memory/payload_mover.h"
 #include "engine/memory/payload_store.h"
 #include "engine/optim/cpu_adam.h"
+#include "engine/parallel/communicator.h"
 
 namespace ferry {
 
@@ -65,9 +66,10 @@ struct OptimizerResult {
 
 class ChunkOptimizer {
  public:
-  // Every pointer must outlive the optimizer.
+  // Every pointer must outlive the optimizer; `data`, the data group that
+  // holds the other shards of sharded chunks, may be null (a group of one).
   ChunkOptimizer(MemoryDevice* device, PayloadStore* store, ChunkTable* table, PayloadMover* mover,
-                 const OptimizerOptions& options);
+                 const OptimizerOptions& options, Communicator* data = nullptr);
 
   // One update of every chunk, its gradients (reduced, where the chunk's
   // optimizer runs) scaled by `loss_scale` with squared norm `sq_norm`:
@@ -100,11 +102,18 @@ class ChunkOptimizer {
   // submitted to the worker, its copies marked as they will be once it has
   // run (the host copies current, the device's parameters stale).
   void UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper);
+  // After a host-side update: a pinned chunk's device copy refreshed, any
+  // other released.
+  void ReleaseUpdated(Payload& p);
+  // Sharded chunks: each one's weights made whole from the data group's
+  // updated shards, in chunk order.
+  void GatherShards();
 
   MemoryDevice* device_;
   PayloadStore* store_;
   ChunkTable* table_;
   PayloadMover* mover_;
+  Communicator* data_;
   OptimizerOptions options_;
   SimdPath simd_;
   // Overlapped: the thread the host-side updates run on.

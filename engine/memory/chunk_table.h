@@ -12,6 +12,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,14 @@ struct Chunk {
   int id = 0;
   int64_t capacity = 0;
   int64_t used = 0;
+  // The part of the chunk this rank updates: all of it, or with sharding
+  // (MemoryOptions::shard) its data rank's 1/D, elements [shard_begin,
+  // shard_begin + shard_numel) -- the optimizer states hold those alone.
+  int64_t shard_begin = 0;
+  int64_t shard_numel = 0;
+  // Of the shard, the elements in use (0 where the shard lies past `used`).
+  int64_t shard_used() const { return std::clamp<int64_t>(used - shard_begin, 0, shard_numel); }
+  bool sharded() const { return shard_numel != capacity; }
   // The managed tensors it holds, and the ranges weight decay applies to.
   std::vector<int> tensors;
   std::vector<DecaySegment> decay;

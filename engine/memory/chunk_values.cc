@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 
@@ -55,7 +56,9 @@ absl::Status ChunkValues::Fill(const std::vector<ManagedParam>& params, bool val
     // sits with the optimizer states (drawn into a chunk of fp32 first where
     // those are on disk), the parameters are its rounded copy.
     at::Tensor master = p.host;
-    const bool drawn_apart = mixed() && o.home == Tier::kDisk;
+    // Drawn whole into a chunk of its own where the states keep a part of
+    // it: a shard, or slices on disk.
+    const bool drawn_apart = mixed() && (o.home == Tier::kDisk || chunk.sharded());
     const uint64_t drawn_bytes = static_cast<uint64_t>(chunk.capacity) * sizeof(float);
     if (drawn_apart) {
       store_->ReserveHostBytes(drawn_bytes, absl::StrCat("chunk ", chunk.id, "'s master weights as they are drawn"));
@@ -63,7 +66,7 @@ absl::Status ChunkValues::Fill(const std::vector<ManagedParam>& params, bool val
     } else if (mixed()) {
       store_->EnsureHost(o);
       o.host.zero_();
-      master = o.host.narrow(0, 2 * chunk.capacity, chunk.capacity);
+      master = o.host.narrow(0, 2 * chunk.shard_numel, chunk.shard_numel);
     }
     master.zero_();
     for (int i : chunk.tensors) {
@@ -78,19 +81,28 @@ absl::Status ChunkValues::Fill(const std::vector<ManagedParam>& params, bool val
     if (mixed()) {
       p.host.copy_(master);
       chunk.optimizer_initialized = true;
-      if (drawn_apart) {
-        // Moments zero, masters as drawn, written behind.
+      if (drawn_apart && o.home == Tier::kDisk) {
+        // Moments zero, masters (this rank's shard of them) as drawn,
+        // written behind.
         store_->StreamOut(o, [&](int64_t begin, int64_t count, const std::vector<at::Tensor>& views) {
           views[0].zero_();
           views[1].zero_();
-          views[2].copy_(master.narrow(0, begin, count));
+          views[2].copy_(master.narrow(0, chunk.shard_begin + begin, count));
         });
         o.disk_valid = true;
-        master = at::Tensor();
-        store_->AddHostBytes(-static_cast<int64_t>(drawn_bytes));
+      } else if (drawn_apart) {
+        store_->EnsureHost(o);
+        o.host.zero_();
+        o.host.narrow(0, 2 * chunk.shard_numel, chunk.shard_numel)
+            .copy_(master.narrow(0, chunk.shard_begin, chunk.shard_numel));
+        o.host_valid = true;
       } else {
         o.host_valid = true;
       }
+    }
+    if (drawn_apart) {
+      master = at::Tensor();
+      store_->AddHostBytes(-static_cast<int64_t>(drawn_bytes));
     }
     p.host_valid = true;
     TakeOver(chunk, params);
@@ -249,15 +261,34 @@ std::vector<at::Tensor> ChunkValues::Masters() const {
         values[static_cast<size_t>(i)].narrow(0, lo - t.offset, hi - lo).copy_(part.narrow(0, lo - begin, hi - lo));
       }
     };
+    // Sharded, the states hold this rank's part of the masters: the parts
+    // are gathered from the data group into a whole chunk first.
+    const bool gathered = mixed() && chunk.sharded();
+    const int64_t length = mixed() ? chunk.shard_numel : chunk.capacity;
+    at::Tensor whole;
+    std::function<void(int64_t, const at::Tensor&)> put = take;
+    if (gathered) {
+      whole = at::zeros({chunk.capacity}, at::kFloat);
+      put = [&](int64_t begin, const at::Tensor& part) {
+        whole.narrow(0, chunk.shard_begin + begin, part.numel()).copy_(part);
+      };
+    }
     if (m.host_valid) {
-      take(0, m.host.narrow(0, region * chunk.capacity, chunk.capacity));
+      put(0, m.host.narrow(0, region * length, length));
     } else if (m.resident && m.device_valid) {
-      take(0, m.device.narrow(0, region * chunk.capacity, chunk.capacity).to(at::kCPU));
+      put(0, m.device.narrow(0, region * length, length).to(at::kCPU));
     } else if (m.home == Tier::kDisk && m.disk_valid) {
       store_->StreamIn(
-          m, [&](int64_t begin, int64_t, const std::vector<at::Tensor>& views) { take(begin, views[0]); }, region);
+          m, [&](int64_t begin, int64_t, const std::vector<at::Tensor>& views) { put(begin, views[0]); }, region);
     } else {
       throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": no current master weights"));
+    }
+    if (gathered) {
+      if (data_ == nullptr || data_->size() * chunk.shard_numel != chunk.capacity) {
+        throw std::logic_error(absl::StrCat("chunk ", chunk.id, " is sharded but the data group cannot gather it"));
+      }
+      data_->AllGatherInto(whole.narrow(0, chunk.shard_begin, chunk.shard_numel), whole);
+      take(0, whole);
     }
   }
   for (size_t i = 0; i < values.size(); ++i) values[i] = values[i].view(table_->tensors[i].param.sizes());

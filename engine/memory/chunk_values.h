@@ -19,6 +19,7 @@
 #include "engine/memory/chunk_table.h"
 #include "engine/memory/memory_device.h"
 #include "engine/memory/payload_store.h"
+#include "engine/parallel/communicator.h"
 
 namespace ferry {
 
@@ -27,8 +28,11 @@ class ChunkValues {
   // Every pointer must outlive this. `param_dtype`: kFloat, or the weights'
   // type in mixed precision (the fp32 masters then sit with the optimizer
   // states).
-  ChunkValues(MemoryDevice* device, PayloadStore* store, ChunkTable* table, c10::ScalarType param_dtype)
-      : device_(device), store_(store), table_(table), param_dtype_(param_dtype) {}
+  // `data`: the data group, which holds the other parts of sharded chunks
+  // (null: a group of one).
+  ChunkValues(MemoryDevice* device, PayloadStore* store, ChunkTable* table, c10::ScalarType param_dtype,
+              Communicator* data = nullptr)
+      : device_(device), store_(store), table_(table), param_dtype_(param_dtype), data_(data) {}
 
   // At construction: every chunk takes its parameters' values (drawn by
   // their `init`, or copied from the tensors as built; none when
@@ -52,7 +56,9 @@ class ChunkValues {
   // Save's `size` bytes, read in order from `source`, into each payload's
   // home tier. INVALID_ARGUMENT if the layout differs.
   absl::Status Restore(uint64_t size, const StateSource& source);
-  // Every managed parameter's fp32 (master) values, on the CPU.
+  // Every managed parameter's fp32 (master) values, on the CPU. With
+  // sharded chunks in mixed precision, a collective of the data group:
+  // every data rank calls it.
   std::vector<at::Tensor> Masters() const;
 
  private:
@@ -64,6 +70,7 @@ class ChunkValues {
   PayloadStore* store_;
   ChunkTable* table_;
   c10::ScalarType param_dtype_;
+  Communicator* data_;
 };
 
 }  // namespace ferry

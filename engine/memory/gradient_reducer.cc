@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "engine/optim/cpu_adam.h"
 
@@ -21,7 +23,13 @@ void GradientReducer::Reduce(Chunk& chunk) {
   Payload& g = chunk.payload(PayloadKind::kGrad);
   g.pinned = true;
   pending_chunk_ = &chunk;
-  pending_ = data_->StartAllReduce(g.device.narrow(0, 0, chunk.used));
+  if (chunk.sharded()) {
+    sharded_ = true;
+    pending_shard_ = at::empty({chunk.shard_numel}, g.device.options());
+    pending_ = data_->StartReduceScatter(g.device.narrow(0, 0, chunk.capacity), pending_shard_);
+  } else {
+    pending_ = data_->StartAllReduce(g.device.narrow(0, 0, chunk.used));
+  }
 }
 
 void GradientReducer::Hold(Chunk& chunk) {
@@ -38,8 +46,14 @@ void GradientReducer::Finish() {
   work->Wait();
   Payload& g = chunk.payload(PayloadKind::kGrad);
   g.pinned = false;
-  // The mean over the data ranks' shares of the batch.
-  g.device.narrow(0, 0, chunk.used).div_(data_->size());
+  // The mean over the data ranks' shares of the batch (of this rank's shard
+  // alone, for a sharded chunk: the rest is left as it was).
+  if (chunk.sharded()) {
+    g.device.narrow(0, chunk.shard_begin, chunk.shard_numel).copy_(pending_shard_).div_(data_->size());
+    pending_shard_ = at::Tensor();
+  } else {
+    g.device.narrow(0, 0, chunk.used).div_(data_->size());
+  }
   Complete(chunk);
 }
 
@@ -73,26 +87,32 @@ at::Tensor DeviceSquaredNormOf(const at::Tensor& t) {
 
 void GradientReducer::Complete(Chunk& chunk) {
   Payload& g = chunk.payload(PayloadKind::kGrad);
-  at::Tensor grads = g.device.narrow(0, 0, chunk.used);
+  // This rank's shard of the gradients (all of them, unsharded).
+  const int64_t begin = chunk.shard_begin;
+  at::Tensor grads = g.device.narrow(0, begin, chunk.shard_used());
   // Replicated tensors (tensor parallelism) count 1/T on each rank, so that
-  // the sum over the tensor group counts them once.
+  // the sum over the tensor group counts them once: what of each lies in
+  // the shard.
   const int tensor_ranks = tensor_ != nullptr ? tensor_->size() : 1;
   const double replicated_share = 1.0 - 1.0 / tensor_ranks;
+  std::vector<std::pair<int64_t, int64_t>> replicated;  // offsets in `grads`, lengths
+  for (int i : chunk.tensors) {
+    const ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
+    if (tensor_ranks == 1 || !t.replicated) continue;
+    const int64_t lo = std::max(t.offset, begin), hi = std::min(t.offset + t.numel, begin + grads.numel());
+    if (lo < hi) replicated.emplace_back(lo - begin, hi - lo);
+  }
   if (grads.device().is_cpu()) {
     double sq = CpuSquaredNormOf(grads);
-    for (int i : chunk.tensors) {
-      const ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
-      if (tensor_ranks > 1 && t.replicated) sq -= replicated_share * CpuSquaredNormOf(grads.narrow(0, t.offset, t.numel));
+    for (const auto& [offset, length] : replicated) {
+      sq -= replicated_share * CpuSquaredNormOf(grads.narrow(0, offset, length));
     }
     sq_sum_ += sq;
   } else {
     // Summed on the device; the host reads it once a step (SquaredNorm).
     at::Tensor sq = DeviceSquaredNormOf(grads);
-    for (int i : chunk.tensors) {
-      const ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
-      if (tensor_ranks > 1 && t.replicated) {
-        sq.sub_(DeviceSquaredNormOf(grads.narrow(0, t.offset, t.numel)).mul_(replicated_share));
-      }
+    for (const auto& [offset, length] : replicated) {
+      sq.sub_(DeviceSquaredNormOf(grads.narrow(0, offset, length)).mul_(replicated_share));
     }
     device_sq_sum_ = device_sq_sum_.defined() ? device_sq_sum_.add_(sq) : sq;
   }
@@ -105,9 +125,13 @@ double GradientReducer::SquaredNorm() {
     sq_sum_ += device_sq_sum_.item<double>();  // the step's one host sync for it
     device_sq_sum_ = at::Tensor();
   }
-  if (tensor_ != nullptr && tensor_->size() > 1) {
+  // Over the shards of the data group, then over the tensor group: every
+  // rank has the same norm (and so the same clipping and the same verdict
+  // on an overflow).
+  for (Communicator* group : {sharded_ ? data_ : nullptr, tensor_}) {
+    if (group == nullptr || group->size() == 1) continue;
     at::Tensor sum = at::full({1}, sq_sum_, at::kDouble);
-    tensor_->AllReduce(sum);
+    group->AllReduce(sum);
     sq_sum_ = sum.item<double>();
   }
   return sq_sum_;

@@ -53,6 +53,14 @@ struct MemoryOptions {
   // resume): the manager fills no chunk when it is made -- no initial value
   // is drawn or copied, none written to the disk tier only to be replaced.
   bool values_from_checkpoint = false;
+  // With a data group of more than one rank (ZeRO-style sharding; the job
+  // spec's parallel.shard): none, every rank holds and updates every chunk
+  // whole; optimizer, each data rank owns 1/D of every chunk -- its part of
+  // the optimizer states (with the fp32 masters in mixed precision) -- and
+  // updates only that part: gradients are reduce-scattered instead of
+  // all-reduced, and the updated weights all-gathered after the update.
+  enum class Shard { kNone, kOptimizer };
+  Shard shard = Shard::kNone;
 };
 
 inline const char* PolicyName(MemoryOptions::Policy policy) {

@@ -162,7 +162,7 @@ std::vector<PayloadStore::Range> PayloadStore::SliceRanges(const Payload& p, uin
   const uint64_t region_bytes = DiskRegionBytes(p.region_numel(), element);
   const uint64_t part = SlicePartBytes(p);
   const int first = region >= 0 ? region : 0, last = region >= 0 ? region + 1 : p.regions;
-  if (begin < 0 || count <= 0 || count > p.slice_elements || begin % p.slice_elements != 0 ||
+  if (begin < 0 || count <= 0 || count > p.slice_elements || begin % kDiskSliceQuantum != 0 ||
       begin + count > p.region_numel() || at + part * static_cast<uint64_t>(last - first) > slots_.front().buffer.size()) {
     throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind), ": slice of ", count,
                                         " elements at ", begin, " does not fit its slices or the staging slot"));

@@ -113,7 +113,8 @@ class PayloadStore {
   // --- Slices of disk-homed payloads, through the staging slots. ---
   // A slice of a payload is elements [begin, begin + count) of each of its
   // regions (or of `region` alone, when it is >= 0): begin a multiple of
-  // its slice_elements, count at most that. In a slot it takes its regions'
+  // kDiskSliceQuantum (of its slice_elements, but where a shard starts), count
+  // at most its slice_elements. In a slot it takes its regions'
   // parts one after another from byte `at`, each SlicePartBytes long.
   uint64_t SlicePartBytes(const Payload& p) const;
   // The next staging slot, round robin, once what was queued from or into

@@ -99,7 +99,7 @@ void HostNeeds(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
       steady += in.grad_bytes(c);
     }
     if (plan->optimizer_tier[c] == Tier::kDisk) {
-      plan->disk_optimizer_bytes += DiskFileBytes(in.elements[c], 4, in.optimizer_regions());
+      plan->disk_optimizer_bytes += DiskFileBytes(in.optimizer_numel(c), 4, in.optimizer_regions());
     } else {
       steady += in.optimizer_bytes(c);
     }
@@ -119,6 +119,8 @@ void HostNeeds(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
     if (in.masters_with_optimizer) {
       if (plan->optimizer_tier[c] == Tier::kHost) {
         held += in.optimizer_bytes(c);
+        // A shard's masters are drawn whole first.
+        if (in.optimizer_numel(c) != in.elements[c]) drawn = static_cast<uint64_t>(in.elements[c]) * 4;
       } else {
         drawn = static_cast<uint64_t>(in.elements[c]) * 4;
       }

@@ -66,6 +66,9 @@ uint64_t DiskFileBytes(int64_t elements, uint64_t element_bytes, int regions);
 struct TierInput {
   // Per chunk: the elements each of its payloads holds (its capacity).
   std::vector<int64_t> elements;
+  // Per chunk: the elements of its optimizer states' regions, where they
+  // hold a shard of the chunk (data-parallel sharding); empty: `elements`.
+  std::vector<int64_t> optimizer_elements;
   // Bytes an element of the weights and of the gradients: 4 in fp32, 2 in
   // fp16 and bf16.
   uint64_t weight_bytes = 4;
@@ -91,7 +94,10 @@ struct TierInput {
   int optimizer_regions() const { return masters_with_optimizer ? 3 : 2; }
   uint64_t param_bytes(size_t c) const { return static_cast<uint64_t>(elements[c]) * weight_bytes; }
   uint64_t grad_bytes(size_t c) const { return param_bytes(c); }
-  uint64_t optimizer_bytes(size_t c) const { return static_cast<uint64_t>(elements[c]) * 4 * optimizer_regions(); }
+  int64_t optimizer_numel(size_t c) const { return optimizer_elements.empty() ? elements[c] : optimizer_elements[c]; }
+  uint64_t optimizer_bytes(size_t c) const {
+    return static_cast<uint64_t>(optimizer_numel(c)) * 4 * optimizer_regions();
+  }
 };
 
 // The input for chunks of `capacity` elements each, in fp32 or mixed
