@@ -139,11 +139,8 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
                        groups.data->size() > 1;
   const int64_t shards = sharded ? groups.data->size() : 1;
   const int64_t shard_rank = sharded ? groups.data->rank() : 0;
-  // With the disk tier, each shard starts on a disk block, where a slice of
-  // its states (and of the gradients on disk) may start.
-  const bool disk_tier = !options.disk_dir.empty() && options.disk_budget_bytes > 0;
-  const int64_t multiple = shards * (sharded && disk_tier ? kDiskSliceQuantum : 1);
-  for (int64_t& capacity : layout->capacity) capacity = (capacity + multiple - 1) / multiple * multiple;
+  const std::vector<int64_t> shard_elements =
+      ShardChunks(&layout->capacity, shards, !options.disk_dir.empty() && options.disk_budget_bytes > 0);
 
   ChunkTable table;
   table.stages = std::move(stages);
@@ -187,7 +184,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   // against the host budget until they move into chunks, and the largest
   // scratch an initialisation takes until every chunk is filled.
   TierInput tiers = ChunkTierInput(layout->capacity, mixed);
-  for (int64_t capacity : layout->capacity) tiers.optimizer_elements.push_back(capacity / shards);
+  tiers.optimizer_elements = shard_elements;
   for (const ManagedParam& p : params) {
     if (p.init) {
       tiers.init_scratch_bytes = std::max(tiers.init_scratch_bytes, p.init_scratch_bytes);

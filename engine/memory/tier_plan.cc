@@ -59,6 +59,16 @@ TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precis
   return in;
 }
 
+std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards, bool disk_tier) {
+  const int64_t multiple = shards * (shards > 1 && disk_tier ? kDiskSliceQuantum : 1);
+  std::vector<int64_t> shard;
+  for (int64_t& c : *capacity) {
+    c = (c + multiple - 1) / multiple * multiple;
+    shard.push_back(c / shards);
+  }
+  return shard;
+}
+
 namespace {
 
 int64_t RoundUp(int64_t n, int64_t q) { return (n + q - 1) / q * q; }

@@ -104,6 +104,12 @@ struct TierInput {
 // precision; construction and the limits are left for the caller.
 TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precision);
 
+// Chunks split into `shards` equal parts, one per data rank (sharding):
+// each capacity padded to whole shards, each shard starting on a disk block
+// where the disk tier is on (a slice of its states on disk starts there).
+// Returns the elements of a shard of each chunk.
+std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards, bool disk_tier);
+
 struct TierPlan {
   bool feasible = false;
   // Per chunk: where its optimizer states and its gradients live (kHost or

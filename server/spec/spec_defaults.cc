@@ -110,6 +110,7 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   ferry::v1::ParallelSpec* parallel = out.mutable_parallel();
   if (parallel->tensor() == 0) parallel->set_tensor(1);
   if (parallel->data() == 0) parallel->set_data(1);
+  if (parallel->shard() == ferry::v1::SHARD_MODE_UNSPECIFIED) parallel->set_shard(ferry::v1::SHARD_MODE_NONE);
 
   if (!out.checkpoint().dir().empty()) {
     ferry::v1::CheckpointSpec* checkpoint = out.mutable_checkpoint();

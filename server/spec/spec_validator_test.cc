@@ -436,6 +436,35 @@ TEST(SpecValidatorTest, RankBudgetsSplitTheMachine) {
   EXPECT_EQ(RankHostBudgetBytes(one, machine), 0u) << "unknown memory: no limit";
 }
 
+// parallel.shard: optimizer divides each rank's optimizer states by the
+// data ranks in the submit-time estimate; the weights and gradients stay.
+TEST(SpecValidatorTest, ShardedOptimizerStatesDivideTheRanksEstimate) {
+  const JobSpec whole = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4}");
+  EXPECT_EQ(whole.parallel().shard(), ferry::v1::SHARD_MODE_NONE) << "the default";
+  const JobSpec sharded =
+      Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4, shard: optimizer}");
+  absl::StatusOr<TierInput> a = RankTierInput(whole), b = RankTierInput(sharded);
+  ASSERT_TRUE(a.ok() && b.ok());
+  uint64_t states_whole = 0, states_sharded = 0, params_whole = 0, params_sharded = 0;
+  for (size_t c = 0; c < a->elements.size(); ++c) {
+    states_whole += a->optimizer_bytes(c);
+    params_whole += a->param_bytes(c);
+  }
+  for (size_t c = 0; c < b->elements.size(); ++c) {
+    states_sharded += b->optimizer_bytes(c);
+    params_sharded += b->param_bytes(c);
+  }
+  // (Chunks padded to whole shards on disk blocks: 1.2% here.)
+  EXPECT_NEAR(double(states_sharded) * 4 / double(states_whole), 1.0, 0.02);
+  EXPECT_NEAR(double(params_sharded) / double(params_whole), 1.0, 0.02);
+  EXPECT_LT(states_sharded * 3, states_whole);
+  // One data rank: nothing to shard.
+  const JobSpec one = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {shard: optimizer}");
+  absl::StatusOr<TierInput> c = RankTierInput(one);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->optimizer_bytes(0), a->optimizer_bytes(0));
+}
+
 TEST(SpecValidatorTest, RankTierInputIsTheChunkManagersLayout) {
   // gpt2-small: 14 stages, at most 64 chunks, none spanning two stages.
   const JobSpec small = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}");

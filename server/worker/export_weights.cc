@@ -37,6 +37,12 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
         "checkpoint.dir: job '", spec.name(), "' keeps no checkpoints, so there are no weights to export; set "
         "checkpoint.dir (and checkpoint.every_steps) in its job file and train it"));
   }
+  if (spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER && spec.parallel().data() > 1) {
+    return absl::FailedPreconditionError(
+        "parallel.shard: job '" + spec.name() + "' keeps its optimizer states (and in mixed precision its fp32 "
+        "master weights) sharded across its data ranks, and joining the shards of a checkpoint is not supported "
+        "yet; train with parallel.shard: none to export");
+  }
   // Tensor rank t of data rank 0 is world rank t: one checkpoint per
   // tensor rank, all of one step (data ranks hold the same weights).
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));

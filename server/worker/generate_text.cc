@@ -66,6 +66,11 @@ absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots&
         "checkpoint.dir: job '", spec.name(), "' keeps no checkpoints, so there is no model to generate with; set "
         "checkpoint.dir (and checkpoint.every_steps) in its job file and train it"));
   }
+  if (spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER && spec.parallel().data() > 1) {
+    return absl::FailedPreconditionError(
+        "parallel.shard: generating from a job whose checkpoints are sharded across its data ranks is not "
+        "supported yet; train with parallel.shard: none");
+  }
   if (spec.parallel().tensor() > 1) {
     return absl::FailedPreconditionError(
         "parallel.tensor: generating from a tensor-parallel job's checkpoints is not supported; export its weights "
