@@ -81,6 +81,14 @@ torch::Tensor ToyForward(ChunkManager& manager, ToyModel& model, torch::Tensor x
   return x;
 }
 
+// A manager of the toy model's four stages in chunks of 1100 elements (one
+// a stage), with the default optimizer.
+absl::StatusOr<std::unique_ptr<ChunkManager>> ToyManager(MemoryDevice* device, ToyModel& model,
+                                                          MemoryOptions options = {}) {
+  options.chunk_elements = 1100;
+  return ChunkManager::Create(device, model.Params(), ToyModel::Stages(), options, {});
+}
+
 struct RunResult {
   std::vector<float> losses;
   std::vector<StepMemoryStats> stats;
@@ -398,9 +406,8 @@ TEST(ChunkManagerTest, ImpossibleBudgetFailsAfterWarmUpWithTheNumbers) {
   SimulatedDevice device(streamed_need * 11 / 10);
   ToyModel model;
   MemoryOptions options;
-  options.chunk_elements = 1100;
   options.margin = 0.3;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model, options);
   ASSERT_TRUE(manager.ok());
   torch::Tensor target;
   torch::Tensor x = Batch(1, &target);
@@ -422,9 +429,7 @@ TEST(ChunkManagerTest, ImpossibleBudgetFailsAfterWarmUpWithTheNumbers) {
 TEST(ChunkManagerTest, OutOfMemoryIsExplainedWithTheNumbers) {
   SimulatedDevice device(6000);
   ToyModel model;
-  MemoryOptions options;
-  options.chunk_elements = 1100;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model);
   ASSERT_TRUE(manager.ok());
   torch::Tensor target;
   torch::Tensor x = Batch(1, &target);
@@ -486,9 +491,7 @@ TEST(ChunkManagerTest, ReportedFragmentsAreKeptRoomFor) {
 TEST(ChunkManagerTest, ARefusalNoEvictionCuresIsTheDevicesOutOfMemoryError) {
   SimulatedDevice device(TightCapacity());
   ToyModel model;
-  MemoryOptions options;
-  options.chunk_elements = 1100;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model);
   ASSERT_TRUE(manager.ok());
   device.SetReservedSlack(TightCapacity() - 2000, /*releasable=*/false);
   torch::Tensor target;
@@ -509,9 +512,7 @@ TEST(ChunkManagerTest, ARefusalNoEvictionCuresIsTheDevicesOutOfMemoryError) {
 TEST(ChunkManagerTest, CachedMemoryIsGivenBackBeforeAnythingIsEvicted) {
   SimulatedDevice device(TightCapacity());
   ToyModel model;
-  MemoryOptions options;
-  options.chunk_elements = 1100;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model);
   ASSERT_TRUE(manager.ok());
   device.SetReservedSlack(TightCapacity() - 2000, /*releasable=*/true);
   torch::Tensor target;
@@ -698,9 +699,8 @@ TEST(ChunkManagerTest, HostBudgetIsEnforced) {
   SimulatedDevice device(kAmple);
   ToyModel model;
   MemoryOptions options;
-  options.chunk_elements = 1100;
   options.host_budget_bytes = 10000;  // less than the four parameter chunks
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model, options);
   EXPECT_EQ(manager.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(manager.status().message().find("memory.host_budget"), std::string::npos);
 }
@@ -708,9 +708,7 @@ TEST(ChunkManagerTest, HostBudgetIsEnforced) {
 TEST(ChunkManagerTest, ANewBatchShapeRedoesTheWarmUp) {
   SimulatedDevice device(kAmple);
   ToyModel model;
-  MemoryOptions options;
-  options.chunk_elements = 1100;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model);
   ASSERT_TRUE(manager.ok());
   std::vector<bool> warmups;
   for (int step = 1; step <= 5; ++step) {
@@ -750,9 +748,7 @@ class CountingDevice : public SimulatedDevice {
 TEST(ChunkManagerTest, ReportedFetchesAreTheCopiesTheDeviceMade) {
   CountingDevice device(TightCapacity());
   ToyModel model;
-  MemoryOptions options;
-  options.chunk_elements = 1100;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model);
   ASSERT_TRUE(manager.ok()) << manager.status();
   for (int step = 1; step <= 3; ++step) {
     torch::Tensor target;
@@ -852,9 +848,7 @@ TEST(ChunkManagerTest, TouchingAChunkThePeriodDidNotDeclareFaults) {
 TEST(ChunkManagerTest, ComputingWithAReleasedChunkFailsNamingTheTensor) {
   SimulatedDevice device(kAmple);
   ToyModel model;
-  MemoryOptions options;
-  options.chunk_elements = 1100;
-  auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, {});
+  auto manager = ToyManager(&device, model);
   ASSERT_TRUE(manager.ok()) << manager.status();
   torch::Tensor target;
   torch::Tensor x = Batch(1, &target);

@@ -99,6 +99,16 @@ LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, Memory
   return recorders[0];
 }
 
+// `got` trained as `want` did: the same losses and gradient norms (relative
+// for norms above 1), step by step, within `tolerance`.
+void ExpectSameTraining(const LossRecorder& got, const LossRecorder& want, double tolerance) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], tolerance) << "step " << s + 1;
+    EXPECT_NEAR(got.norms[s], want.norms[s], tolerance * std::max(1.0, want.norms[s])) << "step " << s + 1;
+  }
+}
+
 // T=2, D=2 and T=2 x D=2 follow one rank's loss curve over 20 steps (fp32,
 // dropout on, the same global batch), within 1e-5.
 TEST(ParallelTrainerTest, ParallelRunsReproduceOneRank) {
@@ -112,11 +122,7 @@ TEST(ParallelTrainerTest, ParallelRunsReproduceOneRank) {
   for (auto [tensor, data] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
     SCOPED_TRACE(::testing::Message() << "tensor " << tensor << " data " << data);
     const LossRecorder parallel = TrainParallel(&device, tensor, data);
-    ASSERT_EQ(parallel.losses.size(), one.losses.size());
-    for (size_t s = 0; s < one.losses.size(); ++s) {
-      EXPECT_NEAR(parallel.losses[s], one.losses[s], 1e-5) << "step " << s + 1;
-      EXPECT_NEAR(parallel.norms[s], one.norms[s], 1e-5 * std::max(1.0, one.norms[s])) << "step " << s + 1;
-    }
+    ExpectSameTraining(parallel, one, 1e-5);
   }
 }
 
@@ -137,11 +143,7 @@ TEST(ParallelTrainerTest, ShardedOptimizerStatesReproduceUnshardedTraining) {
       MemoryOptions shard;
       shard.shard = MemoryOptions::Shard::kOptimizer;
       const LossRecorder sharded = TrainParallel(&device, 1, data, shard, train);
-      ASSERT_EQ(sharded.losses.size(), whole.losses.size());
-      for (size_t s = 0; s < whole.losses.size(); ++s) {
-        EXPECT_NEAR(sharded.losses[s], whole.losses[s], 1e-5) << "step " << s + 1;
-        EXPECT_NEAR(sharded.norms[s], whole.norms[s], 1e-5 * std::max(1.0, whole.norms[s])) << "step " << s + 1;
-      }
+      ExpectSameTraining(sharded, whole, 1e-5);
       auto bytes = [](const LossRecorder& r, int kind) { return r.memory.device_bytes[kind] + r.memory.host_bytes[kind]; };
       ASSERT_GT(bytes(whole, kOpt), 0u);
       // 1/D, but for the chunks' padding to a multiple of D elements.
@@ -188,11 +190,7 @@ TEST(ParallelTrainerTest, ShardedOptimizerStatesOnTheHostAndOnDisk) {
     MemoryOptions shard = memory;
     shard.shard = MemoryOptions::Shard::kOptimizer;
     const LossRecorder sharded = TrainParallel(&device, 1, 2, shard, train);
-    ASSERT_EQ(sharded.losses.size(), whole.losses.size());
-    for (size_t s = 0; s < whole.losses.size(); ++s) {
-      EXPECT_NEAR(sharded.losses[s], whole.losses[s], 1e-5) << "step " << s + 1;
-      EXPECT_NEAR(sharded.norms[s], whole.norms[s], 1e-5 * std::max(1.0, whole.norms[s])) << "step " << s + 1;
-    }
+    ExpectSameTraining(sharded, whole, 1e-5);
     const int opt = static_cast<int>(PayloadKind::kOptimizer);
     auto held = [&](const LossRecorder& r) {
       return r.memory.device_bytes[opt] + r.memory.host_bytes[opt] + r.memory.disk_bytes[opt];
@@ -271,11 +269,7 @@ TEST(ParallelTrainerTest, AccumulationOnEveryRankIsTheSameTraining) {
     TrainOptions accumulating = o;
     accumulating.grad_accum_steps = 2;
     const LossRecorder accumulated = TrainParallel(&device, tensor, data, {}, accumulating);
-    ASSERT_EQ(accumulated.losses.size(), whole.losses.size());
-    for (size_t s = 0; s < whole.losses.size(); ++s) {
-      EXPECT_NEAR(accumulated.losses[s], whole.losses[s], 1e-6) << "step " << s + 1;
-      EXPECT_NEAR(accumulated.norms[s], whole.norms[s], 1e-6 * std::max(1.0, whole.norms[s])) << "step " << s + 1;
-    }
+    ExpectSameTraining(accumulated, whole, 1e-6);
   }
 }
 
