@@ -116,29 +116,10 @@ std::unique_ptr<MemoryDevice> Device(uint64_t budget) {
   return *std::move(d);
 }
 
-struct Run {
-  absl::Status status;
-  Collector observer;
-};
-
-std::unique_ptr<Run> Train(MemoryDevice* device, const GptConfig& model, int64_t steps, int64_t batch,
-                           TrainOptions::Precision precision, std::optional<MemoryOptions> memory) {
-  auto run = std::make_unique<Run>();
-  TrainOptions train;
-  train.steps = steps;
-  train.batch_size = batch;
-  train.lr = 1e-3;
-  train.min_lr = 1e-4;
-  train.warmup_steps = 1;
-  train.precision = precision;
-  train.threads = HostCpuCount();
-  EngineOptions engine;
-  engine.device = device;
-  engine.memory = memory;
-  run->status =
-      Trainer(model, train, engine, std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &run->observer)
-          .Run();
-  return run;
+// On the device under check, with every core.
+std::unique_ptr<Trial> Train(MemoryDevice* device, const GptConfig& model, int64_t steps, int64_t batch,
+                             TrainOptions::Precision precision, std::optional<MemoryOptions> memory) {
+  return TrainOn(device, model, steps, batch, memory, precision, /*grad_accum_steps=*/1, HostCpuCount());
 }
 
 Check BudgetCap(bool quick) {
@@ -207,12 +188,12 @@ std::vector<Check> MovesAndOverlap(bool quick) {
   uint64_t need = 0;
   {
     std::unique_ptr<MemoryDevice> ample = Device(0);
-    std::unique_ptr<Run> probe = Train(ample.get(), model, 2, batch, TrainOptions::Precision::kFp32, MemoryOptions());
+    std::unique_ptr<Trial> probe = Train(ample.get(), model, 2, batch, TrainOptions::Precision::kFp32, MemoryOptions());
     if (probe->status.ok()) need = StreamedNeed(probe->observer.placement);
   }
   std::unique_ptr<MemoryDevice> inner = Device(need * 6 / 5);
   CountingDevice device(inner.get());
-  std::unique_ptr<Run> run = Train(&device, model, steps, batch, TrainOptions::Precision::kFp32, MemoryOptions());
+  std::unique_ptr<Trial> run = Train(&device, model, steps, batch, TrainOptions::Precision::kFp32, MemoryOptions());
   const std::vector<StepReport>& r = run->observer.reports;
   // From the whole run: the device's counts cover every step.
   uint64_t said_in = 0, said_out = 0, planned = 0, steady_moved = 0;
@@ -266,7 +247,7 @@ Check OomMessage(bool quick) {
   std::unique_ptr<MemoryDevice> device = Device(quick ? 4 * kMiB : 64 * kMiB);
   MemoryOptions memory;
   memory.policy = MemoryOptions::Policy::kStatic;
-  std::unique_ptr<Run> run = Train(device.get(), model, 2, 8, TrainOptions::Precision::kFp32, memory);
+  std::unique_ptr<Trial> run = Train(device.get(), model, 2, 8, TrainOptions::Precision::kFp32, memory);
   const std::string message(run->status.message());
   c.ok = !run->status.ok() && message.find("out of device memory") != std::string::npos &&
          message.find("memory.device_budget") != std::string::npos && message.find("MiB") != std::string::npos;
@@ -292,13 +273,13 @@ Check TrainVsCpu(bool quick) {
     std::vector<double> on_device, on_cpu;
     {
       std::unique_ptr<MemoryDevice> device = Device(0);
-      std::unique_ptr<Run> run = Train(device.get(), model, steps, batch, t.precision, MemoryOptions());
+      std::unique_ptr<Trial> run = Train(device.get(), model, steps, batch, t.precision, MemoryOptions());
       if (!run->status.ok()) c.summary += absl::StrCat(t.name, " FAILED: ", run->status.message(), "; ");
       for (const StepReport& s : run->observer.reports) on_device.push_back(s.loss);
     }
     {
       SimulatedDevice cpu(HostMemoryTotalBytes() / 4);
-      std::unique_ptr<Run> run = Train(&cpu, model, steps, batch, t.precision, MemoryOptions());
+      std::unique_ptr<Trial> run = Train(&cpu, model, steps, batch, t.precision, MemoryOptions());
       for (const StepReport& s : run->observer.reports) on_cpu.push_back(s.loss);
     }
     double worst = on_device.size() == on_cpu.size() && !on_cpu.empty() ? 0 : INFINITY;
@@ -347,7 +328,7 @@ Check Capped(bool quick) {
     memory.policy = policy;
     memory.recompute = policy == MemoryOptions::Policy::kAuto ? MemoryOptions::Recompute::kAuto
                                                               : MemoryOptions::Recompute::kNone;
-    std::unique_ptr<Run> t = Train(device.get(), model, steps, 1, TrainOptions::Precision::kBf16, memory);
+    std::unique_ptr<Trial> t = Train(device.get(), model, steps, 1, TrainOptions::Precision::kBf16, memory);
     r.ok = t->status.ok();
     r.status = r.ok ? "trained" : std::string(t->status.message());
     const double median = Median(SteadyStepSeconds(t->observer.reports));

@@ -64,15 +64,16 @@ inline StepSplit SplitOf(const StepReport& r) {
   return s;
 }
 
-// `steps` steps of batch `batch` on synthetic data, AdamW with a short
-// warm-up; `memory` unset runs the plain LibTorch loop (fp32 only: mixed
-// precision needs the chunked engine); each step's batch as
-// `grad_accum_steps` micro-batches.
-inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
-    const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes, std::optional<MemoryOptions> memory,
-    TrainOptions::Precision precision = TrainOptions::Precision::kFp32, int64_t grad_accum_steps = 1) {
+// `steps` steps of batch `batch` on `device` and synthetic data, AdamW with
+// a short warm-up; `memory` unset runs the plain LibTorch loop (fp32 only:
+// mixed precision needs the chunked engine); each step's batch as
+// `grad_accum_steps` micro-batches, on `threads` intra-op threads (0:
+// LibTorch's default).
+inline std::unique_ptr<Trial> TrainOn(MemoryDevice* device, const GptConfig& model, int64_t steps, int64_t batch,
+                                      std::optional<MemoryOptions> memory,
+                                      TrainOptions::Precision precision = TrainOptions::Precision::kFp32,
+                                      int64_t grad_accum_steps = 1, int threads = 0) {
   auto trial = std::make_unique<Trial>();
-  SimulatedDevice device(device_bytes);
   TrainOptions train;
   train.steps = steps;
   train.batch_size = batch;
@@ -81,13 +82,22 @@ inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
   train.warmup_steps = 1;
   train.precision = precision;
   train.grad_accum_steps = grad_accum_steps;
+  train.threads = threads;
   EngineOptions engine;
-  engine.device = &device;
+  engine.device = device;
   engine.memory = memory;
   trial->status = Trainer(model, train, engine,
                           std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &trial->observer)
                       .Run();
   return trial;
+}
+
+// The same on a simulated device of `device_bytes`.
+inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
+    const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes, std::optional<MemoryOptions> memory,
+    TrainOptions::Precision precision = TrainOptions::Precision::kFp32, int64_t grad_accum_steps = 1) {
+  SimulatedDevice device(device_bytes);
+  return TrainOn(&device, model, steps, batch, memory, precision, grad_accum_steps);
 }
 
 }  // namespace ferry
