@@ -31,12 +31,20 @@ void ChunkOptimizer::WaitForUpdates() const {
   }
 }
 
-void ChunkOptimizer::Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const {
-  // The decay ranges as offsets in this part of the chunk (the kernel
-  // clips them to it).
+namespace {
+
+// The chunk's decay ranges as offsets from element `begin` (the CPU kernel
+// clips them to the part it updates).
+std::vector<DecaySegment> DecayFrom(const Chunk& chunk, int64_t begin) {
   std::vector<DecaySegment> decay = chunk.decay;
   for (DecaySegment& d : decay) d.offset -= begin;
-  CpuAdamWStep(b, decay, hyper, simd_);
+  return decay;
+}
+
+}  // namespace
+
+void ChunkOptimizer::Kernel(const Chunk& chunk, int64_t begin, CpuAdamBuffers b, const AdamWHyper& hyper) const {
+  CpuAdamWStep(b, DecayFrom(chunk, begin), hyper, simd_);
 }
 
 CpuAdamBuffers ChunkOptimizer::WholeChunk(const Chunk& chunk, const at::Tensor& params, const at::Tensor& grads,
@@ -81,10 +89,9 @@ void ChunkOptimizer::UpdateOnHostBeside(Chunk& chunk, const AdamWHyper& hyper) {
   const CpuAdamBuffers b = WholeChunk(chunk, p.host, g.host, o.host);
   // The task holds only raw buffers and values: the payloads' bookkeeping
   // stays with the training thread, done here as of after the update.
-  std::vector<DecaySegment> decay = chunk.decay;
-  for (DecaySegment& d : decay) d.offset -= chunk.shard_begin;
-  chunk.update = worker_->Submit(
-      [b, decay = std::move(decay), hyper, simd = simd_] { CpuAdamWStep(b, decay, hyper, simd); });
+  chunk.update = worker_->Submit([b, decay = DecayFrom(chunk, chunk.shard_begin), hyper, simd = simd_] {
+    CpuAdamWStep(b, decay, hyper, simd);
+  });
   o.host_valid = true;
   g.host_valid = false;
   g.disk_valid = false;
@@ -310,16 +317,13 @@ void ChunkOptimizer::GatherShards() {
   // placement.
   for (Chunk& chunk : table_->chunks) {
     if (!chunk.sharded()) continue;
-    if (data_ == nullptr || data_->size() * chunk.shard_numel != chunk.capacity) {
-      throw std::logic_error(absl::StrCat("chunk ", chunk.id, " is sharded but the data group cannot gather it"));
-    }
     Payload& p = chunk.payload(PayloadKind::kParam);
     const bool on_device = chunk.device_homed();
     at::Tensor whole = on_device ? p.device : p.host;
     if (on_device ? !(p.resident && p.device_valid) : !p.host_valid) {
       throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": updated weights missing for the gather"));
     }
-    data_->AllGatherInto(whole.narrow(0, chunk.shard_begin, chunk.shard_numel), whole.narrow(0, 0, chunk.capacity));
+    chunk.GatherShards(data_, whole);
     if (!on_device) ReleaseUpdated(p);
   }
 }

@@ -1,10 +1,18 @@
 #include "engine/memory/chunk_table.h"
 
 #include <set>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 
 namespace ferry {
+
+void Chunk::GatherShards(Communicator* data, const at::Tensor& whole) const {
+  if (data == nullptr || data->size() * shard_numel != capacity) {
+    throw std::logic_error(absl::StrCat("chunk ", id, " is sharded but the data group cannot gather it"));
+  }
+  data->AllGatherInto(whole.narrow(0, shard_begin, shard_numel), whole.narrow(0, 0, capacity));
+}
 
 std::string ChunkTable::PeriodName(int period, const std::vector<bool>& recompute) const {
   if (period < 0) return "set-up";

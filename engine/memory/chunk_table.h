@@ -25,6 +25,7 @@
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/tensor_state.h"
 #include "engine/optim/cpu_adam.h"
+#include "engine/parallel/communicator.h"
 
 namespace ferry {
 
@@ -75,6 +76,11 @@ struct Chunk {
   // Of the shard, the elements in use (0 where the shard lies past `used`).
   int64_t shard_used() const { return std::clamp<int64_t>(used - shard_begin, 0, shard_numel); }
   bool sharded() const { return shard_numel != capacity; }
+  // A sharded chunk made whole in `whole` (its capacity's elements), which
+  // holds this rank's shard at its place: every data rank's shard gathered
+  // into it. A collective of `data`, the group the chunk is sharded over
+  // (std::logic_error if it is not).
+  void GatherShards(Communicator* data, const at::Tensor& whole) const;
   // The managed tensors it holds, and the ranges weight decay applies to.
   std::vector<int> tensors;
   std::vector<DecaySegment> decay;

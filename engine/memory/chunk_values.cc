@@ -284,10 +284,7 @@ std::vector<at::Tensor> ChunkValues::Masters() const {
       throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": no current master weights"));
     }
     if (gathered) {
-      if (data_ == nullptr || data_->size() * chunk.shard_numel != chunk.capacity) {
-        throw std::logic_error(absl::StrCat("chunk ", chunk.id, " is sharded but the data group cannot gather it"));
-      }
-      data_->AllGatherInto(whole.narrow(0, chunk.shard_begin, chunk.shard_numel), whole);
+      chunk.GatherShards(data_, whole);
       take(0, whole);
     }
   }
