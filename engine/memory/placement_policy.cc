@@ -171,6 +171,10 @@ void PlacementPolicy::Prefetch(int period) {
     // update on the host) needs no room.
     const double needs = p->resident ? 0.0 : double(p->bytes);
     if (needs > room) continue;
+    // Memory still waiting for its copies home is room only once they are
+    // done: a prefetch that needs it waits for them (as MakeRoom does), so
+    // what is prefetched does not depend on how fast the copies run.
+    if (needs > room - double(device_->releasing_bytes())) WaitForReleases();
     try {
       mover_->Fetch(*p, /*prefetch=*/true);
     } catch (const c10::OutOfMemoryError&) {

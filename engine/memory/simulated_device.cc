@@ -387,6 +387,7 @@ class CopyEngine {
       if (job.bytes > 0) std::memcpy(job.target, job.source, job.bytes);
       const int64_t copied = NowNs() - started;
       std::vector<c10::DataPtr> to_free;
+      uint64_t freeing = 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
         q.running = nullptr;
@@ -400,7 +401,7 @@ class CopyEngine {
                                          [](const std::shared_ptr<SimEvent>& e) { return e->done(); });
           if (ready) {
             to_free.push_back(std::move(it->data));
-            releasing_bytes_ -= it->bytes;
+            freeing += it->bytes;
             it = frees_.erase(it);
           } else {
             ++it;
@@ -408,11 +409,14 @@ class CopyEngine {
         }
       }
       finished_cv_.notify_all();  // compute waiting for this copy goes on
-      // The memory it held goes before SynchronizeTransfers returns.
+      // The memory it held goes before SynchronizeTransfers returns, and
+      // stops counting as releasing only once it is gone: a caller that
+      // reads no releasing bytes finds the memory free.
       job = Job();
       to_free.clear();
       {
         std::lock_guard<std::mutex> lock(mu_);
+        releasing_bytes_ -= freeing;
         ++completed_;
       }
       finished_cv_.notify_all();
