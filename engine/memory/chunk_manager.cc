@@ -139,8 +139,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
                        groups.data->size() > 1;
   const int64_t shards = sharded ? groups.data->size() : 1;
   const int64_t shard_rank = sharded ? groups.data->rank() : 0;
-  const std::vector<int64_t> shard_elements =
-      ShardChunks(&layout->capacity, shards, !options.disk_dir.empty() && options.disk_budget_bytes > 0);
+  const std::vector<int64_t> shard_elements = ShardChunks(&layout->capacity, shards);
 
   ChunkTable table;
   table.stages = std::move(stages);

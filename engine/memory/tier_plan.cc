@@ -59,11 +59,12 @@ TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precis
   return in;
 }
 
-std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards, bool disk_tier) {
-  const int64_t multiple = shards * (shards > 1 && disk_tier ? kDiskSliceQuantum : 1);
+std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards) {
   std::vector<int64_t> shard;
   for (int64_t& c : *capacity) {
-    c = (c + multiple - 1) / multiple * multiple;
+    const int64_t on_blocks = (c + shards * kDiskSliceQuantum - 1) / (shards * kDiskSliceQuantum) * shards *
+                              kDiskSliceQuantum;
+    c = shards == 1 || (on_blocks - c) * 4 > on_blocks ? (c + shards - 1) / shards * shards : on_blocks;
     shard.push_back(c / shards);
   }
   return shard;
@@ -202,12 +203,13 @@ TierPlan PlanTiers(const TierInput& in) {
         TierPlan trial = AllOnHost(in);
         for (size_t c : order) {
           if (host_fits(trial)) break;
+          if (!in.disk_aligned(c)) continue;
           trial.grad_tier[c] = Tier::kDisk;
           HostNeeds(in, slice, &trial);
         }
         for (size_t c : order) {
           if (host_fits(trial)) break;
-          if (in.optimizer_bytes(c) > cap) continue;
+          if (in.optimizer_bytes(c) > cap || !in.disk_aligned(c)) continue;
           trial.optimizer_tier[c] = Tier::kDisk;
           HostNeeds(in, slice, &trial);
         }

@@ -95,6 +95,12 @@ struct TierInput {
   uint64_t param_bytes(size_t c) const { return static_cast<uint64_t>(elements[c]) * weight_bytes; }
   uint64_t grad_bytes(size_t c) const { return param_bytes(c); }
   int64_t optimizer_numel(size_t c) const { return optimizer_elements.empty() ? elements[c] : optimizer_elements[c]; }
+  // Whether the chunk's gradients and states may go to disk: unsharded, or
+  // its shards start on disk blocks (ShardChunks).
+  bool disk_aligned(size_t c) const {
+    return optimizer_elements.empty() || optimizer_elements[c] == elements[c] ||
+           optimizer_elements[c] % kDiskSliceQuantum == 0;
+  }
   uint64_t optimizer_bytes(size_t c) const {
     return static_cast<uint64_t>(optimizer_numel(c)) * 4 * optimizer_regions();
   }
@@ -106,9 +112,13 @@ TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precis
 
 // Chunks split into `shards` equal parts, one per data rank (sharding):
 // each capacity padded to whole shards, each shard starting on a disk block
-// where the disk tier is on (a slice of its states on disk starts there).
-// Returns the elements of a shard of each chunk.
-std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards, bool disk_tier);
+// (a slice of its states on disk starts there) unless that would pad the
+// chunk by more than a quarter (a chunk of under 4 x D disk blocks) -- such
+// a chunk is padded to whole shards only, and keeps its gradients and states off the disk tier
+// (TierInput::disk_aligned). The layout, and a checkpoint's, depends on the
+// chunks alone, not on whether the disk tier is on. Returns the elements of
+// a shard of each chunk.
+std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards);
 
 struct TierPlan {
   bool feasible = false;

@@ -14,8 +14,6 @@
 namespace ferry {
 namespace {
 
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
 // The whole tensor from every tensor rank's part, undoing GptImpl's split
 // (TensorParallelPart): c_attn's rows are [q; k; v], each split by heads;
 // the row-parallel c_proj weights are split by columns; c_fc and the
@@ -56,15 +54,16 @@ bool IsConv1DWeight(const std::string& name) {
 
 absl::StatusOr<std::vector<SafetensorsTensor>> ExportGpt2Weights(
     const GptConfig& model, const TrainOptions& train, const MemoryOptions& memory,
-    const std::vector<const CheckpointContents*>& tensor_ranks, MemoryDevice* device) {
-  if (tensor_ranks.empty()) return absl::InvalidArgumentError("no checkpoint to export");
-  const int ranks = static_cast<int>(tensor_ranks.size());
+    const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device, int data_ranks) {
+  if (world_ranks.empty() || data_ranks < 1 || world_ranks.size() % static_cast<size_t>(data_ranks) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("no checkpoint to export of each of ", data_ranks, " data ranks"));
+  }
+  const int ranks = static_cast<int>(world_ranks.size()) / data_ranks;  // tensor ranks
   std::vector<NamedTensors> restored;
-  for (int r = 0; r < ranks; ++r) {
-    if (tensor_ranks[static_cast<size_t>(r)] == nullptr) return absl::InvalidArgumentError("no checkpoint to export");
-    ASSIGN_OR_RETURN(NamedTensors named,
-                     RestoreParameters(model, train, memory, *tensor_ranks[static_cast<size_t>(r)], device, r,
-                                       ranks, /*world_rank=*/r));
+  for (int t = 0; t < ranks; ++t) {
+    std::vector<const CheckpointContents*> of_rank;
+    for (int d = 0; d < data_ranks; ++d) of_rank.push_back(world_ranks[static_cast<size_t>(d * ranks + t)]);
+    ASSIGN_OR_RETURN(NamedTensors named, RestoreParameters(model, train, memory, of_rank, device, t, ranks));
     restored.push_back(std::move(named));
   }
   std::vector<SafetensorsTensor> out;

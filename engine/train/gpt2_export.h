@@ -40,18 +40,21 @@
 
 namespace ferry {
 
-// The job's weights from its checkpoints: `tensor_ranks` holds the
-// checkpoint of every tensor-parallel rank of data rank 0 (world ranks
-// 0 .. parallel.tensor - 1), in rank order, all of the same step (one for a
-// job without tensor parallelism; data-parallel ranks hold the same
-// weights). Each is restored through the chunks training keeps it in (see
-// RestoreParameters: `train` and `memory` must be the training's), the
-// shards joined into whole tensors, then named and laid out as GPT-2's (see
-// above), in GPT-2's order. INVALID_ARGUMENT when a checkpoint is of another
-// model, precision or parallel layout.
+// The job's weights from its checkpoints: `world_ranks` holds the
+// checkpoint of every tensor-parallel rank of data ranks 0 .. data_ranks - 1
+// (world rank d * parallel.tensor + t), in world rank order, all of the same
+// step: one for a job without parallelism. Data ranks hold the same weights
+// unless the job shards its chunks across them (memory.shard), where each
+// holds a shard of the mixed-precision masters: pass every data rank's
+// then, and data rank 0's alone otherwise (data_ranks 1). Each is restored
+// through the chunks training keeps it in (see RestoreParameters: `train`
+// and `memory` must be the training's), the shards joined into whole
+// tensors, then named and laid out as GPT-2's (see above), in GPT-2's
+// order. INVALID_ARGUMENT when a checkpoint is of another model, precision
+// or parallel layout.
 absl::StatusOr<std::vector<SafetensorsTensor>> ExportGpt2Weights(
     const GptConfig& model, const TrainOptions& train, const MemoryOptions& memory,
-    const std::vector<const CheckpointContents*>& tensor_ranks, MemoryDevice* device);
+    const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device, int data_ranks = 1);
 
 // GPT-2's configuration names for `model` (n_layer, n_embd, n_head,
 // n_positions, vocab_size, ...), for the safetensors metadata.

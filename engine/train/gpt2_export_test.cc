@@ -94,19 +94,19 @@ CheckpointContents TrainOneRank(SimulatedDevice* device, const TrainOptions& opt
   return last;
 }
 
-// Trains a world of tensor x 1 ranks as threads; every rank's last
-// checkpoint, by rank.
-std::vector<CheckpointContents> TrainTensorParallel(SimulatedDevice* device, int tensor,
-                                                    const TrainOptions& options, const MemoryOptions& memory,
-                                                    const std::string& init_from = "") {
+// Trains a world of tensor x data ranks as threads; every rank's last
+// checkpoint, by world rank.
+std::vector<CheckpointContents> TrainParallel(SimulatedDevice* device, int tensor, int data,
+                                              const TrainOptions& options, const MemoryOptions& memory,
+                                              const std::string& init_from = "") {
   c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
-  std::vector<CheckpointContents> last(static_cast<size_t>(tensor));
+  std::vector<CheckpointContents> last(static_cast<size_t>(tensor * data));
   std::vector<std::thread> threads;
-  for (int r = 0; r < tensor; ++r) {
+  for (int r = 0; r < tensor * data; ++r) {
     threads.emplace_back([&, r] {
       CommunicatorOptions comm;
       comm.timeout = std::chrono::seconds(60);
-      absl::StatusOr<ParallelGroups> groups = JoinParallelGroups(store, r, tensor, 1, comm);
+      absl::StatusOr<ParallelGroups> groups = JoinParallelGroups(store, r, tensor, data, comm);
       ASSERT_TRUE(groups.ok()) << groups.status();
       EngineOptions engine;
       engine.device = device;
@@ -205,7 +205,7 @@ TEST(Gpt2ExportTest, FusedQkvIsGpt2sOrder) {
 // Tensor ranks' shards join into the one-rank model's tensors.
 TEST(Gpt2ExportTest, TensorParallelShardsJoin) {
   SimulatedDevice device(uint64_t{4} << 30);
-  const std::vector<CheckpointContents> ranks = TrainTensorParallel(&device, 2, Options(0.0), Memory());
+  const std::vector<CheckpointContents> ranks = TrainParallel(&device, 2, 1, Options(0.0), Memory());
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
       ExportGpt2Weights(Model(), Options(0.0), Memory(), {&ranks[0], &ranks[1]}, &device);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
@@ -216,7 +216,7 @@ TEST(Gpt2ExportTest, TensorParallelShardsJoin) {
   // (training is the same for every T, up to rounding, which AdamW may
   // magnify where a gradient is near zero; a misjoined shard would be off
   // by the weights' own size, about 0.02).
-  const std::vector<CheckpointContents> trained = TrainTensorParallel(&device, 2, Options(3e-3), Memory());
+  const std::vector<CheckpointContents> trained = TrainParallel(&device, 2, 1, Options(3e-3), Memory());
   const CheckpointContents one = TrainOneRank(&device, Options(3e-3), Memory());
   absl::StatusOr<std::vector<SafetensorsTensor>> parallel =
       ExportGpt2Weights(Model(), Options(3e-3), Memory(), {&trained[0], &trained[1]}, &device);
@@ -236,6 +236,64 @@ TEST(Gpt2ExportTest, TensorParallelShardsJoin) {
     }
   }
   EXPECT_TRUE(moved) << "training changed the weights";
+}
+
+// Sharded across two data ranks (memory.shard), each rank's checkpoint
+// holds its half of the mixed-precision masters: the export joins them.
+// With a learning rate of 0 that is the initial model exactly; trained, it
+// is the unsharded run's weights (to rounding, as above). One rank's
+// checkpoint alone is refused, and generation reads one rank's whole
+// weights.
+TEST(Gpt2ExportTest, DataRanksShardsJoin) {
+  SimulatedDevice device(uint64_t{4} << 30);
+  MemoryOptions sharded = Memory();
+  sharded.shard = MemoryOptions::Shard::kOptimizer;
+  for (auto precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
+    SCOPED_TRACE(precision == TrainOptions::Precision::kFp32 ? "fp32" : "bf16");
+    TrainOptions still = Options(0.0);
+    still.precision = precision;
+    const std::vector<CheckpointContents> initial = TrainParallel(&device, 1, 2, still, sharded);
+    absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
+        ExportGpt2Weights(Model(), still, sharded, {&initial[0], &initial[1]}, &device, 2);
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    ExpectGpt2Layout(*tensors);
+    ExpectInitialModel(*tensors, still.seed);
+    absl::StatusOr<std::vector<SafetensorsTensor>> alone =
+        ExportGpt2Weights(Model(), still, sharded, {&initial[0]}, &device);
+    EXPECT_EQ(alone.status().code(), absl::StatusCode::kInvalidArgument) << alone.status();
+
+    TrainOptions trained = Options(3e-3);
+    trained.precision = precision;
+    const std::vector<CheckpointContents> shards = TrainParallel(&device, 1, 2, trained, sharded);
+    const std::vector<CheckpointContents> whole = TrainParallel(&device, 1, 2, trained, Memory());
+    absl::StatusOr<std::vector<SafetensorsTensor>> joined =
+        ExportGpt2Weights(Model(), trained, sharded, {&shards[0], &shards[1]}, &device, 2);
+    absl::StatusOr<std::vector<SafetensorsTensor>> replicated =
+        ExportGpt2Weights(Model(), trained, Memory(), {&whole[0]}, &device);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ASSERT_TRUE(replicated.ok()) << replicated.status();
+    ASSERT_EQ(joined->size(), replicated->size());
+    for (size_t i = 0; i < joined->size(); ++i) {
+      const at::Tensor a = Values((*joined)[i]), b = Values((*replicated)[i]);
+      EXPECT_TRUE(at::allclose(a, b, 0, 1e-3)) << (*joined)[i].name << " differs by "
+                                                  << (a - b).abs().max().item<float>();
+    }
+
+    // Generation: data rank 0's chunks, laid out for its shard, hold the
+    // whole weights; the logits are the unsharded run's initial model's.
+    const CheckpointContents one = TrainOneRank(&device, still, Memory());
+    absl::StatusOr<std::unique_ptr<InferenceModel>> from_shard =
+        RestoreInferenceModel(Model(), still, sharded, initial[0], &device, 2);
+    absl::StatusOr<std::unique_ptr<InferenceModel>> from_one =
+        RestoreInferenceModel(Model(), still, Memory(), one, &device);
+    ASSERT_TRUE(from_shard.ok()) << from_shard.status();
+    ASSERT_TRUE(from_one.ok()) << from_one.status();
+    const at::Tensor tokens = at::arange(8, at::kLong).reshape({1, 8});
+    absl::StatusOr<at::Tensor> a = (*from_shard)->LastLogits(tokens);
+    absl::StatusOr<at::Tensor> b = (*from_one)->LastLogits(tokens);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(at::equal(*a, *b));
+  }
 }
 
 TEST(Gpt2ExportTest, AnotherModelIsRefused) {
@@ -291,7 +349,7 @@ TEST(Gpt2ImportTest, ExportThenInitFromIsBitwise) {
       EXPECT_EQ((*round)[i].data, (*exported)[i].data) << (*round)[i].name;
     }
 
-    const std::vector<CheckpointContents> ranks = TrainTensorParallel(&device, 2, still, Memory(), path);
+    const std::vector<CheckpointContents> ranks = TrainParallel(&device, 2, 1, still, Memory(), path);
     absl::StatusOr<std::vector<SafetensorsTensor>> joined =
         ExportGpt2Weights(Model(), still, Memory(), {&ranks[0], &ranks[1]}, &device);
     ASSERT_TRUE(joined.ok()) << joined.status();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -811,11 +812,12 @@ absl::Status Trainer::RunSteps() {
 
 namespace {
 
-// Only the tensor group's shape, for building a rank's part of the model
-// outside training: every collective is an error.
+// Only a group's shape, for building a rank's part of the model outside
+// training: every collective is an error.
 class PlaceOnlyCommunicator : public Communicator {
  public:
-  PlaceOnlyCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  PlaceOnlyCommunicator(int rank, int size, std::string name = "tensor")
+      : name_(std::move(name)), rank_(rank), size_(size) {}
   const std::string& name() const override { return name_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -830,7 +832,7 @@ class PlaceOnlyCommunicator : public Communicator {
   [[noreturn]] static void Refuse() {
     throw std::logic_error("restoring a checkpoint ran a collective; it must not need the other ranks");
   }
-  const std::string name_ = "tensor";
+  const std::string name_;
   int rank_;
   int size_;
 };
@@ -842,15 +844,16 @@ class SilentObserver : public TrainingObserver {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameters(
-    const GptConfig& model, const TrainOptions& options, const MemoryOptions& memory,
-    const CheckpointContents& checkpoint, MemoryDevice* device, int tensor_rank, int tensor_ranks,
-    int world_rank) {
-  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
-  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
-  }
-  std::vector<std::pair<std::string, at::Tensor>> named;
+namespace {
+
+// One rank's parameters from its checkpoint; `data`, when set, is the group
+// its chunks are sharded over (every rank of it restores its own checkpoint
+// beside, and the masters' shards are gathered).
+absl::StatusOr<NamedTensors> RestoreRank(const GptConfig& model, const TrainOptions& options,
+                                         const MemoryOptions& memory, const CheckpointContents& checkpoint,
+                                         MemoryDevice* device, int tensor_rank, int tensor_ranks, int world_rank,
+                                         Communicator* data) {
+  NamedTensors named;
   RETURN_IF_ERROR(CallTorch("restoring a checkpoint's parameters", [&]() -> absl::Status {
     PlaceOnlyCommunicator tensor(tensor_rank, tensor_ranks);
     SilentObserver observer;
@@ -864,13 +867,83 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameter
     }
     MemoryOptions restoring = memory;
     restoring.values_from_checkpoint = true;
-    ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
-                     ChunkedEngine::Create(std::move(gpt), options, restoring, device, {&tensor, nullptr}, &observer));
-    RETURN_IF_ERROR(engine->RestoreState(absl::StrCat("rank", world_rank, "."), checkpoint));
-    named = engine->NamedParameterValues();
+    absl::StatusOr<std::unique_ptr<ChunkedEngine>> engine =
+        ChunkedEngine::Create(std::move(gpt), options, restoring, device, {&tensor, data}, &observer);
+    absl::Status restored = engine.status();
+    if (restored.ok()) restored = (*engine)->RestoreState(absl::StrCat("rank", world_rank, "."), checkpoint);
+    if (data != nullptr) {
+      // The gather below needs every rank: all go on, or none does.
+      at::Tensor failed = at::full({1}, restored.ok() ? 0.0f : 1.0f);
+      data->AllReduce(failed);
+      if (restored.ok() && failed.item<float>() > 0) {
+        restored = absl::FailedPreconditionError("another data rank's checkpoint could not be restored");
+      }
+    }
+    RETURN_IF_ERROR(restored);
+    named = (*engine)->NamedParameterValues();
     return absl::OkStatus();
   }));
   return named;
+}
+
+}  // namespace
+
+absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+                                               const MemoryOptions& memory, const CheckpointContents& checkpoint,
+                                               MemoryDevice* device, int tensor_rank, int tensor_ranks,
+                                               int world_rank) {
+  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
+  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
+  }
+  return RestoreRank(model, options, memory, checkpoint, device, tensor_rank, tensor_ranks, world_rank, nullptr);
+}
+
+absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+                                               const MemoryOptions& memory,
+                                               const std::vector<const CheckpointContents*>& data_ranks,
+                                               MemoryDevice* device, int tensor_rank, int tensor_ranks) {
+  const int size = static_cast<int>(data_ranks.size());
+  if (size < 1 || std::count(data_ranks.begin(), data_ranks.end(), nullptr) > 0) {
+    return absl::InvalidArgumentError("RestoreParameters: a data rank's checkpoint is missing");
+  }
+  if (memory.shard == MemoryOptions::Shard::kNone || size == 1) {
+    return RestoreParameters(model, options, memory, *data_ranks[0], device, tensor_rank, tensor_ranks, tensor_rank);
+  }
+  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
+  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
+  }
+  // Each data rank's checkpoint restored as that rank, the ranks threads of
+  // this process meeting over Gloo, as training's do across processes.
+  c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
+  std::vector<absl::StatusOr<NamedTensors>> restored(static_cast<size_t>(size), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int d = 0; d < size; ++d) {
+    threads.emplace_back([&, d] {
+      CommunicatorOptions comm;
+      comm.name = "restore";
+      comm.timeout = std::chrono::minutes(30);  // the slowest rank's restore
+      absl::StatusOr<std::unique_ptr<Communicator>> data = CreateGlooCommunicator(store, d, size, comm);
+      if (!data.ok()) {
+        restored[static_cast<size_t>(d)] = data.status();
+        return;
+      }
+      restored[static_cast<size_t>(d)] =
+          RestoreRank(model, options, memory, *data_ranks[static_cast<size_t>(d)], device, tensor_rank, tensor_ranks,
+                      d * tensor_ranks + tensor_rank, data->get());
+      // Every rank done with the group before any tears it down.
+      try {
+        (*data)->Barrier();
+      } catch (const CollectiveException&) {
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::StatusOr<NamedTensors>& r : restored) {
+    if (!r.ok() && !absl::IsFailedPrecondition(r.status())) return r.status();
+  }
+  return std::move(restored[0]);
 }
 
 namespace {
@@ -879,8 +952,8 @@ namespace {
 class ChunkedInferenceModel : public InferenceModel {
  public:
   ChunkedInferenceModel(const GptConfig& config, std::unique_ptr<ChunkedEngine> engine,
-                        std::unique_ptr<SilentObserver> observer)
-      : config_(config), observer_(std::move(observer)), engine_(std::move(engine)) {}
+                        std::unique_ptr<SilentObserver> observer, std::unique_ptr<Communicator> data)
+      : config_(config), observer_(std::move(observer)), data_(std::move(data)), engine_(std::move(engine)) {}
 
   const GptConfig& config() const override { return config_; }
 
@@ -900,6 +973,7 @@ class ChunkedInferenceModel : public InferenceModel {
  private:
   GptConfig config_;
   std::unique_ptr<SilentObserver> observer_;  // the engine's, outlives it
+  std::unique_ptr<Communicator> data_;        // the engine's shape of its data group, outlives it
   std::unique_ptr<ChunkedEngine> engine_;
 };
 
@@ -949,8 +1023,9 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptC
                                                                       const TrainOptions& options,
                                                                       const MemoryOptions& memory,
                                                                       const CheckpointContents& checkpoint,
-                                                                      MemoryDevice* device) {
+                                                                      MemoryDevice* device, int data_ranks) {
   RETURN_IF_ERROR(CheckSingleRankConfig(model, device));
+  if (data_ranks < 1) return absl::InvalidArgumentError(absl::StrCat("data ranks: ", data_ranks));
   std::unique_ptr<InferenceModel> out;
   RETURN_IF_ERROR(CallTorch("restoring a checkpoint for generation", [&]() -> absl::Status {
     auto observer = std::make_unique<SilentObserver>();
@@ -964,10 +1039,15 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptC
     }
     MemoryOptions restoring = memory;
     restoring.values_from_checkpoint = true;
+    // Sharded, data rank 0's chunks are laid out for its shard; its weights
+    // are whole, which is all a forward reads.
+    std::unique_ptr<Communicator> data;
+    if (data_ranks > 1) data = std::make_unique<PlaceOnlyCommunicator>(0, data_ranks, "data");
     ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
-                     ChunkedEngine::Create(std::move(gpt), options, restoring, device, {}, observer.get()));
+                     ChunkedEngine::Create(std::move(gpt), options, restoring, device, {nullptr, data.get()},
+                                           observer.get()));
     RETURN_IF_ERROR(engine->RestoreState("rank0.", checkpoint));
-    out = std::make_unique<ChunkedInferenceModel>(model, std::move(engine), std::move(observer));
+    out = std::make_unique<ChunkedInferenceModel>(model, std::move(engine), std::move(observer), std::move(data));
     return absl::OkStatus();
   }));
   return out;
@@ -1007,7 +1087,7 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::st
     loading.values_from_checkpoint = false;
     ASSIGN_OR_RETURN(std::unique_ptr<ChunkedEngine> engine,
                      ChunkedEngine::Create(std::move(gpt), options, loading, device, {}, observer.get()));
-    out = std::make_unique<ChunkedInferenceModel>(model, std::move(engine), std::move(observer));
+    out = std::make_unique<ChunkedInferenceModel>(model, std::move(engine), std::move(observer), nullptr);
     return absl::OkStatus();
   }));
   return out;

@@ -87,6 +87,9 @@ class Trainer {
   TrainingObserver* observer_;
 };
 
+// Parameters by name.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
 // The fp32 (master) values of the parameters in one rank's checkpoint
 // (`checkpoint.files`' "rank<world_rank>.*"), restored through the chunks
 // training keeps them in (so `options` and `memory` must be the training's:
@@ -96,10 +99,21 @@ class Trainer {
 // nothing goes onto `device` (any device: the chunks' host copies hold the
 // values). INVALID_ARGUMENT when the checkpoint is of another model,
 // precision or layout.
-absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> RestoreParameters(
-    const GptConfig& model, const TrainOptions& options, const MemoryOptions& memory,
-    const CheckpointContents& checkpoint, MemoryDevice* device, int tensor_rank = 0, int tensor_ranks = 1,
-    int world_rank = 0);
+absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+                                               const MemoryOptions& memory, const CheckpointContents& checkpoint,
+                                               MemoryDevice* device, int tensor_rank = 0, int tensor_ranks = 1,
+                                               int world_rank = 0);
+// The same for tensor rank `tensor_rank` of a job with data ranks:
+// `data_ranks` holds its checkpoint of each data rank (world rank d *
+// tensor_ranks + tensor_rank), in order. Where the job shards its chunks
+// across the data ranks (memory.shard) each holds its own shard of the
+// mixed-precision masters: every checkpoint is restored as its rank's, the
+// ranks run as threads of this process meeting over Gloo, and the shards
+// are joined. Otherwise any rank holds the whole and the first is read.
+absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+                                               const MemoryOptions& memory,
+                                               const std::vector<const CheckpointContents*>& data_ranks,
+                                               MemoryDevice* device, int tensor_rank, int tensor_ranks);
 
 // A trained model run forward only, for generation: one process, no
 // tensor parallelism (a tensor-parallel job's shards are joined first, as
@@ -118,8 +132,9 @@ class InferenceModel {
 
 // From a checkpoint of a job without tensor parallelism (its "rank0.*"
 // files), restored into the chunks training keeps it in (`options` and
-// `memory` must be the training's: its precision and chunk settings give
-// the layout) and run through them in the memory manager's evaluation mode
+// `memory` must be the training's: its precision, chunk settings and, where
+// memory.shard shards the chunks across its `data_ranks` data ranks, that
+// sharding give the layout) and run through them in the memory manager's evaluation mode
 // (ChunkManager::BeginEval): each stage's chunks are fetched onto `device`
 // as its forward needs them, so a model larger than the device runs.
 // INVALID_ARGUMENT when the checkpoint is of another model, precision or
@@ -128,7 +143,7 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptC
                                                                       const TrainOptions& options,
                                                                       const MemoryOptions& memory,
                                                                       const CheckpointContents& checkpoint,
-                                                                      MemoryDevice* device);
+                                                                      MemoryDevice* device, int data_ranks = 1);
 
 // From a safetensors file in Hugging Face's GPT-2 layout holding exactly
 // `model`'s weights (gpt2_import.h; INVALID_ARGUMENT naming the tensor

@@ -110,7 +110,9 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   ferry::v1::ParallelSpec* parallel = out.mutable_parallel();
   if (parallel->tensor() == 0) parallel->set_tensor(1);
   if (parallel->data() == 0) parallel->set_data(1);
-  if (parallel->shard() == ferry::v1::SHARD_MODE_UNSPECIFIED) parallel->set_shard(ferry::v1::SHARD_MODE_NONE);
+  if (parallel->shard() == ferry::v1::SHARD_MODE_UNSPECIFIED) {
+    parallel->set_shard(parallel->data() > 1 ? ferry::v1::SHARD_MODE_OPTIMIZER : ferry::v1::SHARD_MODE_NONE);
+  }
 
   if (!out.checkpoint().dir().empty()) {
     ferry::v1::CheckpointSpec* checkpoint = out.mutable_checkpoint();
@@ -205,6 +207,14 @@ MemoryOptions ToMemoryOptions(const ferry::v1::MemorySpec& memory) {
       o.recompute = MemoryOptions::Recompute::kAuto;
   }
   o.recompute_every = static_cast<int>(memory.recompute_every());
+  return o;
+}
+
+MemoryOptions ToMemoryOptions(const ferry::v1::JobSpec& spec) {
+  MemoryOptions o = ToMemoryOptions(spec.memory());
+  if (spec.parallel().data() > 1 && spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER) {
+    o.shard = MemoryOptions::Shard::kOptimizer;
+  }
   return o;
 }
 

@@ -17,5 +17,8 @@ absl::StatusOr<ferry::v1::JobSpec> WithDefaults(const ferry::v1::JobSpec& spec);
 GptConfig ToGptConfig(const ferry::v1::ModelSpec& model);
 TrainOptions ToTrainOptions(const ferry::v1::TrainSpec& train);
 MemoryOptions ToMemoryOptions(const ferry::v1::MemorySpec& memory);
+// The job's memory options: its memory spec's, sharded across its data
+// ranks as parallel.shard says.
+MemoryOptions ToMemoryOptions(const ferry::v1::JobSpec& spec);
 
 }  // namespace ferry

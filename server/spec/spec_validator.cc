@@ -606,11 +606,10 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   if (!layout.ok()) return layout.status();
   const bool mixed = spec.train().precision() == ferry::v1::PRECISION_FP16 ||
                      spec.train().precision() == ferry::v1::PRECISION_BF16;
-  // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states; the
-  // disk tier is counted on (the worker's default), which pads the most.
+  // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states.
   const int64_t data = static_cast<int64_t>(std::max<uint32_t>(1, spec.parallel().data()));
-  const bool sharded = spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER && data > 1;
-  const std::vector<int64_t> shard = ShardChunks(&layout->capacity, sharded ? data : 1, /*disk_tier=*/true);
+  const bool sharded = ToMemoryOptions(spec).shard != MemoryOptions::Shard::kNone;
+  const std::vector<int64_t> shard = ShardChunks(&layout->capacity, sharded ? data : 1);
   TierInput input = ChunkTierInput(layout->capacity, mixed);
   input.optimizer_elements = shard;
   // The model is built without its values, which are drawn into the

@@ -436,13 +436,16 @@ TEST(SpecValidatorTest, RankBudgetsSplitTheMachine) {
   EXPECT_EQ(RankHostBudgetBytes(one, machine), 0u) << "unknown memory: no limit";
 }
 
-// parallel.shard: optimizer divides each rank's optimizer states by the
-// data ranks in the submit-time estimate; the weights and gradients stay.
+// parallel.shard: optimizer (the default with data ranks) divides each
+// rank's optimizer states by the data ranks in the submit-time estimate;
+// the weights and gradients stay.
 TEST(SpecValidatorTest, ShardedOptimizerStatesDivideTheRanksEstimate) {
-  const JobSpec whole = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4}");
-  EXPECT_EQ(whole.parallel().shard(), ferry::v1::SHARD_MODE_NONE) << "the default";
-  const JobSpec sharded =
-      Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4, shard: optimizer}");
+  const JobSpec whole =
+      Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4, shard: none}");
+  const JobSpec sharded = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4}");
+  EXPECT_EQ(sharded.parallel().shard(), ferry::v1::SHARD_MODE_OPTIMIZER) << "the default with data ranks";
+  EXPECT_EQ(Resolved("data: {synthetic: {}}").parallel().shard(), ferry::v1::SHARD_MODE_NONE)
+      << "the default with one";
   absl::StatusOr<TierInput> a = RankTierInput(whole), b = RankTierInput(sharded);
   ASSERT_TRUE(a.ok() && b.ok());
   uint64_t states_whole = 0, states_sharded = 0, params_whole = 0, params_sharded = 0;

@@ -37,21 +37,20 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
         "checkpoint.dir: job '", spec.name(), "' keeps no checkpoints, so there are no weights to export; set "
         "checkpoint.dir (and checkpoint.every_steps) in its job file and train it"));
   }
-  if (spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER && spec.parallel().data() > 1) {
-    return absl::FailedPreconditionError(
-        "parallel.shard: job '" + spec.name() + "' keeps its optimizer states (and in mixed precision its fp32 "
-        "master weights) sharded across its data ranks, and joining the shards of a checkpoint is not supported "
-        "yet; train with parallel.shard: none to export");
-  }
-  // Tensor rank t of data rank 0 is world rank t: one checkpoint per
-  // tensor rank, all of one step (data ranks hold the same weights).
+  // Tensor rank t of data rank d is world rank d * tensor + t: one
+  // checkpoint per tensor rank, all of one step, of data rank 0 alone
+  // unless the job shards its chunks across its data ranks (each then holds
+  // its own shard of the masters, joined here).
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
+  const bool sharded = ToMemoryOptions(spec).shard != MemoryOptions::Shard::kNone;
+  const int data = sharded ? static_cast<int>(spec.parallel().data()) : 1;
+  const int world = tensor * data;
   const std::string fingerprint = TrainingFingerprint(spec);
   // Under allowed roots each rank's directory is opened beneath its root
   // without following links, and read through that descriptor.
-  std::vector<std::shared_ptr<UniqueFd>> root_fds(static_cast<size_t>(tensor));
+  std::vector<std::shared_ptr<UniqueFd>> root_fds(static_cast<size_t>(world));
   if (roots->confined()) {
-    for (int r = 0; r < tensor; ++r) {
+    for (int r = 0; r < world; ++r) {
       const std::string root = absl::StrCat(checkpoint.dir(), "/rank", r);
       absl::StatusOr<UniqueFd> fd = OpenConfinedDir(*roots, "checkpoint.dir", root, /*create=*/false);
       if (absl::IsNotFound(fd.status())) continue;  // no checkpoint yet: said below
@@ -73,7 +72,7 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   };
   std::vector<LoadedCheckpoint> ranks;
   int64_t step = -1;
-  for (int r = 0; r < tensor; ++r) {
+  for (int r = 0; r < world; ++r) {
     const std::string root = absl::StrCat(checkpoint.dir(), "/rank", r);
     absl::StatusOr<LoadedCheckpoint> loaded = load_latest(r, root);
     if (absl::IsNotFound(loaded.status())) {
@@ -92,13 +91,13 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   }
   // A rank that has written a newer step than another (training goes on):
   // take the newest step every rank has.
-  for (int r = 0; r < tensor; ++r) {
+  for (int r = 0; r < world; ++r) {
     LoadedCheckpoint& c = ranks[static_cast<size_t>(r)];
     if (c.contents.step == step) continue;
     absl::StatusOr<LoadedCheckpoint> older = load_at(r, absl::StrCat(checkpoint.dir(), "/rank", r), step);
     if (!older.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir: the tensor-parallel ranks' newest checkpoints are of different steps and rank ", r,
+          "checkpoint.dir: the ranks' newest checkpoints are of different steps and rank ", r,
           " has no usable one of step ", step, " (", older.status().message(), "); export again after the next ",
           "checkpoint"));
     }
@@ -112,12 +111,12 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   // The chunks are restored once and read out, not trained: no host budget
   // to plan within and no disk tier (whose files would land in the user's
   // memory.disk_dir itself, outside any job's directory).
-  MemoryOptions memory = ToMemoryOptions(spec.memory());
+  MemoryOptions memory = ToMemoryOptions(spec);
   memory.host_budget_bytes = 0;
   memory.disk_dir.clear();
   memory.disk_budget_bytes = 0;
   ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> tensors,
-                   ExportGpt2Weights(model, ToTrainOptions(spec.train()), memory, contents, &device));
+                   ExportGpt2Weights(model, ToTrainOptions(spec.train()), memory, contents, &device, data));
   std::map<std::string, std::string> metadata = Gpt2ConfigMetadata(model);
   metadata["format"] = "pt";
   metadata["step"] = absl::StrCat(step);

@@ -66,11 +66,6 @@ absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots&
         "checkpoint.dir: job '", spec.name(), "' keeps no checkpoints, so there is no model to generate with; set "
         "checkpoint.dir (and checkpoint.every_steps) in its job file and train it"));
   }
-  if (spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER && spec.parallel().data() > 1) {
-    return absl::FailedPreconditionError(
-        "parallel.shard: generating from a job whose checkpoints are sharded across its data ranks is not "
-        "supported yet; train with parallel.shard: none");
-  }
   if (spec.parallel().tensor() > 1) {
     return absl::FailedPreconditionError(
         "parallel.tensor: generating from a tensor-parallel job's checkpoints is not supported; export its weights "
@@ -103,12 +98,13 @@ absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots&
   ASSIGN_OR_RETURN(out->device, MakeMemoryDevice(options.device == "auto" ? "cpu" : options.device,
                                                  spec.memory().device_budget()));
   // Read, not trained: no host budget to plan within and no disk tier.
-  MemoryOptions memory = ToMemoryOptions(spec.memory());
+  MemoryOptions memory = ToMemoryOptions(spec);
   memory.host_budget_bytes = 0;
   memory.disk_dir.clear();
   memory.disk_budget_bytes = 0;
-  ASSIGN_OR_RETURN(out->model, RestoreInferenceModel(ToGptConfig(spec.model()), ToTrainOptions(spec.train()), memory,
-                                                     loaded->contents, out->device.get()));
+  ASSIGN_OR_RETURN(out->model,
+                   RestoreInferenceModel(ToGptConfig(spec.model()), ToTrainOptions(spec.train()), memory,
+                                         loaded->contents, out->device.get(), std::max<int>(1, spec.parallel().data())));
   // The tokenizer the token file's header records; none for synthetic
   // data or a flat file.
   if (!spec.data().has_synthetic() && !spec.data().path().empty()) {

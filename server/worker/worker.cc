@@ -482,8 +482,7 @@ int RunWorker(const WorkerOptions& options) {
   engine.device = device->get();
   engine.init_from = spec->model().init_from();
   engine.eval_data = sources->eval.get();
-  engine.memory = ToMemoryOptions(spec->memory());
-  if (spec->parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER) engine.memory->shard = MemoryOptions::Shard::kOptimizer;
+  engine.memory = ToMemoryOptions(*spec);
   // The budgets the daemon checked the job against, its defaults filled in
   // the same way, and this rank's directory for the disk tier.
   engine.memory->host_budget_bytes = RankHostBudgetBytes(*spec, machine);

@@ -260,8 +260,11 @@ curl -sf "http://$METRICS/metrics" >"$WORK/ranked-metrics.txt" || fail "cannot s
 grep -q '^ferry_rank_memory_bytes{rank="1",tier="device"}' "$WORK/ranked-metrics.txt" \
   || fail "/metrics has no memory series for rank 1"
 # A rank killed mid-training fails the job naming the rank; no worker stays.
+# Two data ranks shard the optimizer states by default.
 PAR="$("$FERRY" submit "$EXAMPLE" --set=train.steps=100000,parallel.data=2 -o json | json "d['id']")"
 wait_for_steps "$PAR"
+[ "$("$FERRY" get "$PAR" -o json | json "d['spec']['parallel']['shard']")" = "SHARD_MODE_OPTIMIZER" ] \
+  || fail "two data ranks do not shard by default: $("$FERRY" get "$PAR" -o json | json "d['spec']['parallel']")"
 RANK1="$(pgrep -f -- "--spec=$WORK/state/jobs/$PAR/spec.json" | sort -n | tail -1)" || fail "no workers for $PAR"
 kill -9 "$RANK1"
 set +e; "$FERRY" watch "$PAR" >"$WORK/par.txt" 2>&1; rc=$?; set -e
@@ -271,7 +274,8 @@ set +e; "$FERRY" watch "$PAR" >"$WORK/par.txt" 2>&1; rc=$?; set -e
 json "d['error']" <"$WORK/par.json" >"$WORK/par-error.txt"
 grep -q "^rank 1: the worker was killed by signal 9" "$WORK/par-error.txt" \
   || fail "the error does not name the rank: $(cat "$WORK/par-error.txt")"
-grep -q "rank 0: training: all-reduce in the data group (rank 0 of 2) failed" "$WORK/par-error.txt" \
+grep -Eq "rank 0: training: (all-reduce|reduce-scatter|all-gather) in the data group \(rank 0 of 2\) failed" \
+  "$WORK/par-error.txt" \
   || fail "the error does not name the collective: $(cat "$WORK/par-error.txt")"
 pgrep -f -- "--spec=$WORK/state/jobs/" && fail "a worker process was left behind"
 "$FERRY" info >/dev/null || fail "ferryd stopped serving after a rank died"

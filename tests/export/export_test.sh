@@ -2,7 +2,8 @@
 # ferry export through ferryd: a job trained with checkpoints is written as a
 # safetensors file that PyTorch reads with GPT-2's names and shapes; two
 # exports and ferry-worker --export give the same bytes; a job trained with
-# two tensor-parallel ranks exports the same weights as one rank; a running
+# two tensor-parallel ranks, or two data ranks sharding the optimizer
+# states, exports the same weights as one rank; a running
 # job exports its latest checkpoint; and the refusals name what to do.
 set -euo pipefail
 
@@ -31,13 +32,13 @@ expect_refusal() {  # expect_refusal EXIT_CODE TEXT -- ferry args...
   echo "refused as expected: ferry $*"
 }
 
-job() {  # job FILE CHECKPOINT_DIR STEPS [TENSOR]
+job() {  # job FILE CHECKPOINT_DIR STEPS [TENSOR [DATA [SHARD]]]
   cat >"$1" <<YAML
 name: exported
 model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}
 data: {synthetic: {}}
 train: {steps: $3, batch_size: 4, lr: 3.0e-3, threads: 1}
-parallel: {tensor: ${4:-1}}
+parallel: {tensor: ${4:-1}, data: ${5:-1}, shard: ${6:-none}}
 checkpoint: {dir: $2, every_steps: 4, keep: 2}
 YAML
 }
@@ -132,14 +133,21 @@ assert logits.shape == (3, V) and torch.isfinite(logits).all()
 print(f"{len(tensors)} tensors with GPT-2's names and shapes, step {meta['step']}; a forward pass runs")
 PYEOF
 
-# Two tensor-parallel ranks: the shards are joined into the same weights
-# one rank trains (up to rounding, which AdamW can magnify where a gradient
-# is near zero).
+# Two tensor-parallel ranks, and two data ranks each keeping half of the
+# optimizer states (parallel.shard: optimizer): the shards are joined into
+# the same weights one rank trains (up to rounding, which AdamW can magnify
+# where a gradient is near zero).
 job "$WORK/two.yaml" "$WORK/two-ckpt" 10 2
+job "$WORK/sharded.yaml" "$WORK/sharded-ckpt" 10 1 2 optimizer
 TWO="$("$FERRY" submit "$WORK/two.yaml" -o json | json "d['id']")"
+SHARDED="$("$FERRY" submit "$WORK/sharded.yaml" -o json | json "d['id']")"
 "$FERRY" watch "$TWO" >"$WORK/two.watch" 2>&1 || fail "the tensor-parallel job failed: $(tail -3 "$WORK/two.watch")"
+"$FERRY" watch "$SHARDED" >"$WORK/sharded.watch" 2>&1 || fail "the sharded job failed: $(tail -3 "$WORK/sharded.watch")"
+[ -d "$WORK/sharded-ckpt/rank1" ] || fail "the second data rank wrote no checkpoint"
 "$FERRY" export "$TWO" "$WORK/two.safetensors" || fail "ferry export of the tensor-parallel job failed"
-"$PY" - "$WORK/one.safetensors" "$WORK/two.safetensors" <<'PYEOF' || fail "tensor-parallel export differs from one rank's"
+"$FERRY" export "$SHARDED" "$WORK/sharded.safetensors" || fail "ferry export of the sharded job failed"
+for parallel in two sharded; do
+"$PY" - "$WORK/one.safetensors" "$WORK/$parallel.safetensors" "$parallel" <<'PYEOF' || fail "$parallel export differs from one rank's"
 import json, struct, sys
 import torch
 def load(path):
@@ -150,12 +158,13 @@ def load(path):
     return {k: torch.frombuffer(body, dtype=torch.float32, offset=v["data_offsets"][0],
                                 count=(v["data_offsets"][1] - v["data_offsets"][0]) // 4).reshape(v["shape"])
             for k, v in header.items()}
-one, two = load(sys.argv[1]), load(sys.argv[2])
-assert one.keys() == two.keys()
-worst = max((one[k] - two[k]).abs().max().item() for k in one)
-print(f"tensor=2 and tensor=1 exports differ by at most {worst:.2e}")
+one, other = load(sys.argv[1]), load(sys.argv[2])
+assert one.keys() == other.keys()
+worst = max((one[k] - other[k]).abs().max().item() for k in one)
+print(f"{sys.argv[3]} and one-rank exports differ by at most {worst:.2e}")
 assert worst < 1e-3, worst  # rounding; a misjoined shard is off by ~0.02
 PYEOF
+done
 
 # A running job exports its newest checkpoint; before its first, the
 # refusal says when there will be one.
