@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -24,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/bench_output.h"
-#include "bench/sim_trial.h"
+#include "bench/rank_trial.h"
 #include "engine/common/host_info.h"
 #include "engine/parallel/communicator.h"
 
@@ -47,48 +46,23 @@ Run Measure(const GptConfig& model, int64_t steps, int64_t batch, int tensor, in
   Run run;
   run.tensor = tensor;
   run.data = data;
-  const int world = tensor * data;
   SimulatedDevice device(uint64_t{16} << 30);
-  c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
-  std::vector<Collector> observers(static_cast<size_t>(world));
-  std::vector<absl::Status> results(static_cast<size_t>(world));
+  TrainOptions train;
+  train.steps = steps;
+  train.batch_size = batch;
+  train.lr = 1e-3;
+  train.warmup_steps = 1;
+  train.threads = tensor * data == 1 ? static_cast<int>(HostCpuCount()) : 1;
+  const std::vector<std::unique_ptr<RankTrial>> ranks = TrainRanks(&device, model, train, MemoryOptions(), tensor, data);
+  if (absl::Status failed = FirstFailure(ranks); !failed.ok()) {
+    run.error = std::string(failed.message());
+    return run;
+  }
   uint64_t rank0_bytes = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      absl::StatusOr<ParallelGroups> groups = JoinParallelGroups(store, r, tensor, data, {});
-      if (!groups.ok()) {
-        results[static_cast<size_t>(r)] = groups.status();
-        return;
-      }
-      CountingCommunicator t(groups->tensor.get()), d(groups->data.get());
-      TrainOptions train;
-      train.steps = steps;
-      train.batch_size = batch;
-      train.lr = 1e-3;
-      train.warmup_steps = 1;
-      train.threads = world == 1 ? static_cast<int>(HostCpuCount()) : 1;
-      EngineOptions engine;
-      engine.device = &device;
-      engine.tensor = &t;
-      engine.data = &d;
-      results[static_cast<size_t>(r)] =
-          Trainer(model, train, engine, std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1),
-                  &observers[static_cast<size_t>(r)])
-              .Run();
-      if (results[static_cast<size_t>(r)].ok()) results[static_cast<size_t>(r)] = FinishParallelGroups(*groups);
-      uint64_t bytes = 0;
-      for (const auto& call : t.calls()) bytes += call.bytes;
-      for (const auto& call : d.calls()) bytes += call.bytes;
-      if (r == 0) rank0_bytes = bytes;
-    });
+  for (const auto* calls : {&ranks[0]->tensor_calls, &ranks[0]->data_calls}) {
+    for (const CountingCommunicator::Call& call : *calls) rank0_bytes += call.bytes;
   }
-  for (std::thread& th : threads) th.join();
-  for (const absl::Status& s : results) {
-    if (!s.ok()) run.error = std::string(s.message());
-  }
-  if (!run.error.empty()) return run;
-  run.step_seconds = Median(SteadyStepSeconds(observers[0].reports));
+  run.step_seconds = Median(SteadyStepSeconds(ranks[0]->observer.reports));
   run.tokens_per_second = run.step_seconds > 0 ? double(batch * model.seq_len) / run.step_seconds : 0;
   run.bytes_per_step = steps > 0 ? rank0_bytes / static_cast<uint64_t>(steps) : 0;
   return run;
