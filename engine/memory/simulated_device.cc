@@ -267,17 +267,20 @@ class CopyEngine {
     if (event == nullptr) return;
     std::unique_lock<std::mutex> lock(mu_);
     const bool blocked = !event->done();
-    if (keep_timeline_) {
-      CopyRecord* r = Record(event->id);
-      if (r != nullptr && r->waited_ns == 0) {
-        r->waited_ns = NowNs();
-        r->blocked = blocked;
-      }
+    const int64_t start = NowNs();
+    CopyRecord* r = keep_timeline_ ? Record(event->id) : nullptr;
+    const bool first = r != nullptr && r->waited_ns == 0;
+    if (first) {
+      r->waited_ns = start;
+      r->blocked = blocked;
     }
     if (!blocked) return;
-    const int64_t start = NowNs();
     finished_cv_.wait(lock, [&] { return event->done(); });
-    stall_ns_ += NowNs() - start;
+    const int64_t end = NowNs();
+    stall_ns_ += end - start;
+    // (The record is found again: the timeline may have moved while this
+    // waited.)
+    if (first && (r = Record(event->id)) != nullptr) r->resumed_ns = end;
   }
 
   // Time copying and compute's waits since the last call.
@@ -379,13 +382,12 @@ class CopyEngine {
         q.jobs.pop_front();
         q.running = &job;
         if (job.after != nullptr) finished_cv_.wait(lock, [&] { return job.after->done(); });
-        if (keep_timeline_) {
-          if (CopyRecord* r = Record(job.done->id)) r->started_ns = NowNs();
-        }
       }
+      // The copy's span, as the timeline records it and the copy time sums.
       const int64_t started = NowNs();
       if (job.bytes > 0) std::memcpy(job.target, job.source, job.bytes);
-      const int64_t copied = NowNs() - started;
+      const int64_t finished = NowNs();
+      const int64_t copied = finished - started;
       std::vector<c10::DataPtr> to_free;
       uint64_t freeing = 0;
       {
@@ -394,7 +396,10 @@ class CopyEngine {
         copy_ns_ += copied;
         job.done->finished.store(true, std::memory_order_release);
         if (keep_timeline_) {
-          if (CopyRecord* r = Record(job.done->id)) r->finished_ns = NowNs();
+          if (CopyRecord* r = Record(job.done->id)) {
+            r->started_ns = started;
+            r->finished_ns = finished;
+          }
         }
         for (auto it = frees_.begin(); it != frees_.end();) {
           const bool ready = std::all_of(it->after.begin(), it->after.end(),

@@ -55,10 +55,11 @@ struct CopyRecord {
   bool to_device = false;
   uint64_t bytes = 0;
   int64_t enqueued_ns = 0, started_ns = 0, finished_ns = 0;
-  // When compute first waited for it (0: never), and whether compute had to
-  // block there because the copy was not done.
+  // When compute first waited for it (0: never), whether compute had to
+  // block there because the copy was not done, and if so when it went on.
   int64_t waited_ns = 0;
   bool blocked = false;
+  int64_t resumed_ns = 0;
 };
 
 struct DeviceTimeline {
