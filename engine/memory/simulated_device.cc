@@ -278,9 +278,7 @@ class CopyEngine {
     finished_cv_.wait(lock, [&] { return event->done(); });
     const int64_t end = NowNs();
     stall_ns_ += end - start;
-    // (The record is found again: the timeline may have moved while this
-    // waited.)
-    if (first && (r = Record(event->id)) != nullptr) r->resumed_ns = end;
+    if (first) r->resumed_ns = end;  // records only grow at the back: `r` stands
   }
 
   // Time copying and compute's waits since the last call.

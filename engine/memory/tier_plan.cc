@@ -59,17 +59,6 @@ TierInput ChunkTierInput(const std::vector<int64_t>& capacity, bool mixed_precis
   return in;
 }
 
-std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards) {
-  std::vector<int64_t> shard;
-  for (int64_t& c : *capacity) {
-    const int64_t on_blocks = (c + shards * kDiskSliceQuantum - 1) / (shards * kDiskSliceQuantum) * shards *
-                              kDiskSliceQuantum;
-    c = shards == 1 || (on_blocks - c) * 4 > on_blocks ? (c + shards - 1) / shards * shards : on_blocks;
-    shard.push_back(c / shards);
-  }
-  return shard;
-}
-
 namespace {
 
 int64_t RoundUp(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
@@ -174,6 +163,16 @@ TierPlan AllOnHost(const TierInput& in) {
 }
 
 }  // namespace
+
+std::vector<int64_t> ShardChunks(std::vector<int64_t>* capacity, int64_t shards) {
+  std::vector<int64_t> shard;
+  for (int64_t& c : *capacity) {
+    const int64_t on_blocks = RoundUp(c, shards * kDiskSliceQuantum);
+    c = shards == 1 || (on_blocks - c) * 4 > on_blocks ? RoundUp(c, shards) : on_blocks;
+    shard.push_back(c / shards);
+  }
+  return shard;
+}
 
 TierPlan PlanTiers(const TierInput& in) {
   const size_t chunks = in.elements.size();

@@ -842,9 +842,14 @@ class SilentObserver : public TrainingObserver {
   void OnStep(const StepReport&) override {}
 };
 
-}  // namespace
-
-namespace {
+// RestoreParameters' arguments, checked once for both forms.
+absl::Status CheckRestoring(const MemoryDevice* device, int tensor_rank, int tensor_ranks) {
+  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
+  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
+  }
+  return absl::OkStatus();
+}
 
 // One rank's parameters from its checkpoint; `data`, when set, is the group
 // its chunks are sharded over (every rank of it restores its own checkpoint
@@ -892,10 +897,7 @@ absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const Tra
                                                const MemoryOptions& memory, const CheckpointContents& checkpoint,
                                                MemoryDevice* device, int tensor_rank, int tensor_ranks,
                                                int world_rank) {
-  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
-  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
-  }
+  RETURN_IF_ERROR(CheckRestoring(device, tensor_rank, tensor_ranks));
   return RestoreRank(model, options, memory, checkpoint, device, tensor_rank, tensor_ranks, world_rank, nullptr);
 }
 
@@ -907,12 +909,9 @@ absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const Tra
   if (size < 1 || std::count(data_ranks.begin(), data_ranks.end(), nullptr) > 0) {
     return absl::InvalidArgumentError("RestoreParameters: a data rank's checkpoint is missing");
   }
+  RETURN_IF_ERROR(CheckRestoring(device, tensor_rank, tensor_ranks));
   if (memory.shard == MemoryOptions::Shard::kNone || size == 1) {
-    return RestoreParameters(model, options, memory, *data_ranks[0], device, tensor_rank, tensor_ranks, tensor_rank);
-  }
-  if (device == nullptr) return absl::InvalidArgumentError("RestoreParameters: no device");
-  if (tensor_ranks < 1 || tensor_rank < 0 || tensor_rank >= tensor_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
+    return RestoreRank(model, options, memory, *data_ranks[0], device, tensor_rank, tensor_ranks, tensor_rank, nullptr);
   }
   // Each data rank's checkpoint restored as that rank, the ranks threads of
   // this process meeting over Gloo, as training's do across processes.

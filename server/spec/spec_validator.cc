@@ -598,7 +598,7 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   }
   // As the trainer asks the chunk manager: chunk_size, or a search over
   // multiples of the hidden size.
-  const MemoryOptions options = ToMemoryOptions(spec.memory());
+  const MemoryOptions options = ToMemoryOptions(spec);
   ChunkSearchOptions search;
   search.step_elements = options.chunk_step_elements > 0 ? options.chunk_step_elements : config.hidden;
   search.max_chunks = options.max_chunks;
@@ -608,7 +608,7 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
                      spec.train().precision() == ferry::v1::PRECISION_BF16;
   // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states.
   const int64_t data = static_cast<int64_t>(std::max<uint32_t>(1, spec.parallel().data()));
-  const bool sharded = ToMemoryOptions(spec).shard != MemoryOptions::Shard::kNone;
+  const bool sharded = options.shard != MemoryOptions::Shard::kNone;
   const std::vector<int64_t> shard = ShardChunks(&layout->capacity, sharded ? data : 1);
   TierInput input = ChunkTierInput(layout->capacity, mixed);
   input.optimizer_elements = shard;

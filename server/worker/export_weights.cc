@@ -42,8 +42,8 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   // unless the job shards its chunks across its data ranks (each then holds
   // its own shard of the masters, joined here).
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
-  const bool sharded = ToMemoryOptions(spec).shard != MemoryOptions::Shard::kNone;
-  const int data = sharded ? static_cast<int>(spec.parallel().data()) : 1;
+  MemoryOptions memory = ToMemoryOptions(spec);
+  const int data = memory.shard != MemoryOptions::Shard::kNone ? static_cast<int>(spec.parallel().data()) : 1;
   const int world = tensor * data;
   const std::string fingerprint = TrainingFingerprint(spec);
   // Under allowed roots each rank's directory is opened beneath its root
@@ -111,7 +111,6 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   // The chunks are restored once and read out, not trained: no host budget
   // to plan within and no disk tier (whose files would land in the user's
   // memory.disk_dir itself, outside any job's directory).
-  MemoryOptions memory = ToMemoryOptions(spec);
   memory.host_budget_bytes = 0;
   memory.disk_dir.clear();
   memory.disk_budget_bytes = 0;
