@@ -255,7 +255,7 @@ class CopyEngine {
       }
       Queue& q = queues_[to_device ? 0 : 1];
       q.jobs.push_back(std::move(job));
-      ++issued_;
+      ++q.issued;
     }
     work_.notify_all();
     return TransferEvent(event);
@@ -291,10 +291,13 @@ class CopyEngine {
     return t;
   }
 
+  // Every copy queued so far is done (each queue runs in order: counted
+  // per queue, so that copies queued since, by other threads, and done
+  // sooner in the other queue cannot stand in for them).
   void WaitAll() {
     std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t target = issued_;
-    finished_cv_.wait(lock, [&] { return completed_ >= target; });
+    const uint64_t targets[2] = {queues_[0].issued, queues_[1].issued};
+    finished_cv_.wait(lock, [&] { return queues_[0].completed >= targets[0] && queues_[1].completed >= targets[1]; });
   }
 
   // `data` (`bytes` of it) goes once the copies queued or running that
@@ -355,6 +358,8 @@ class CopyEngine {
     std::thread thread;
     std::deque<Job> jobs;
     const Job* running = nullptr;  // the copy under way
+    // Copies queued and finished (their memory freed) so far.
+    uint64_t issued = 0, completed = 0;
   };
   struct PendingFree {
     std::vector<std::shared_ptr<SimEvent>> after;
@@ -420,7 +425,7 @@ class CopyEngine {
       {
         std::lock_guard<std::mutex> lock(mu_);
         releasing_bytes_ -= freeing;
-        ++completed_;
+        ++q.completed;
       }
       finished_cv_.notify_all();
     }
@@ -432,8 +437,6 @@ class CopyEngine {
   Queue queues_[2];  // 0: to the device, 1: to the host
   bool stopping_ = false;
   uint64_t next_id_ = 1;
-  uint64_t issued_ = 0;
-  uint64_t completed_ = 0;
   std::list<PendingFree> frees_;
   uint64_t releasing_bytes_ = 0;
   int64_t copy_ns_ = 0;

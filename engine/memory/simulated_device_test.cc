@@ -3,6 +3,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <vector>
 #include <torch/torch.h>
 
@@ -166,6 +168,40 @@ TEST(SimulatedDeviceTest, TheCopyEngineRunsEachDirectionInOrderAndSignalsEachCop
     if (i > 0) EXPECT_GE(c.started_ns, t.copies[i - 1].finished_ns) << "one direction, in order";
   }
   EXPECT_TRUE(TransferEvent().done()) << "nothing to wait for";
+}
+
+// Ranks as threads share one device: a thread's SynchronizeTransfers waits
+// for every copy queued before it, however many copies other threads queue
+// meanwhile, and however soon those finish in the other direction.
+TEST(SimulatedDeviceTest, SynchronizingWaitsForEveryEarlierCopyWhateverOthersQueue) {
+  SimulatedDevice device(512 * kMiB);
+  constexpr int64_t kBig = 16 << 20;  // 64 MiB: a long copy to the host
+  c10::DataPtr block = device.AllocateDevice(kBig * sizeof(float));
+  torch::Tensor source = torch::from_blob(block.get(), {kBig}, torch::kFloat);
+  source.fill_(1.0f);
+  torch::Tensor home = device.AllocateHost(kBig, at::kFloat);
+  torch::Tensor small_host = device.AllocateHost(1024, at::kFloat);
+  c10::DataPtr small_block = device.AllocateDevice(1024 * sizeof(float));
+  torch::Tensor small = torch::from_blob(small_block.get(), {1024}, torch::kFloat);
+  std::atomic<bool> stop{false};
+  std::atomic<int> queued{0};
+  // Another rank: small copies to the device, one after another.
+  std::thread other([&] {
+    while (!stop.load()) {
+      device.ComputeWaitsFor(device.CopyToDevice(small_host, small));
+      queued.fetch_add(1);
+    }
+  });
+  while (queued.load() < 16) std::this_thread::yield();
+  for (int i = 0; i < 4; ++i) {
+    const TransferEvent out = device.CopyToHost(source, home);
+    device.SynchronizeTransfers();
+    EXPECT_TRUE(out.done()) << "round " << i;
+  }
+  stop.store(true);
+  other.join();
+  device.SynchronizeTransfers();
+  EXPECT_EQ(home.min().item<float>(), 1.0f);
 }
 
 // Transfer time is what the copy engine spent copying and what compute spent
