@@ -110,21 +110,39 @@ uint64_t PlacementPolicy::EvictFrom(uint64_t short_by, int period, const std::ve
   return evicted;
 }
 
+bool PlacementPolicy::TryAfterReleases(const std::function<void()>& allocate) {
+  try {
+    allocate();
+    return true;
+  } catch (const c10::OutOfMemoryError&) {
+  }
+  // Memory given back may still be waiting for its copies home: refused
+  // only if refused once they are done, so that whether (and how) a
+  // refusal is handled never depends on how fast the copies ran.
+  WaitForReleases();
+  try {
+    allocate();
+    return true;
+  } catch (const c10::OutOfMemoryError&) {
+    return false;
+  }
+}
+
 void PlacementPolicy::Allocate(Payload& p, int period, const std::vector<Payload*>& keep) {
-  for (int attempt = 0;; ++attempt) {
-    try {
-      mover_->Materialize(p);
+  const auto materialize = [&] { mover_->Materialize(p); };
+  if (TryAfterReleases(materialize)) return;
+  // The device refused memory the plan made room for: what the plan cannot
+  // see took it (a caching allocator's cached segments, fragments too small
+  // for a chunk that it does not report). First the device gives back what
+  // it holds unused; refused again, more chunks leave, farthest next use
+  // first. With nothing left to evict, the error stands.
+  ++stats_->allocation_retries;
+  device_->ReleaseCachedMemory();
+  while (!TryAfterReleases(materialize)) {
+    ++stats_->allocation_retries;
+    if (EvictFor(p.bytes, period, keep) == 0) {
+      materialize();  // throws the device's error (or fits, at the last moment)
       return;
-    } catch (const c10::OutOfMemoryError&) {
-      // The device refused memory the plan made room for: what the plan
-      // cannot see took it (a caching allocator's cached segments, blocks
-      // still waiting for their copies, fragments too small for a chunk
-      // that it does not report). First the device gives back what it
-      // holds unused; refused again, more chunks leave, farthest next use
-      // first. With nothing left to evict, the error stands.
-      ++stats_->allocation_retries;
-      if (attempt > 0 && EvictFor(p.bytes, period, keep) == 0) throw;
-      device_->ReleaseCachedMemory();
     }
   }
 }
@@ -175,9 +193,7 @@ void PlacementPolicy::Prefetch(int period) {
     // done: a prefetch that needs it waits for them (as MakeRoom does), so
     // what is prefetched does not depend on how fast the copies run.
     if (needs > room - double(device_->releasing_bytes())) WaitForReleases();
-    try {
-      mover_->Fetch(*p, /*prefetch=*/true);
-    } catch (const c10::OutOfMemoryError&) {
+    if (!TryAfterReleases([&] { mover_->Fetch(*p, /*prefetch=*/true); })) {
       // Refused although the plan has room (see Allocate): the period
       // that needs it fetches it, evicting if it must.
       ++stats_->allocation_retries;

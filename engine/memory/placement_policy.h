@@ -14,6 +14,7 @@
 // Not thread-safe: one training loop drives it.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,10 @@ class PlacementPolicy {
   // Waits until device memory given back during copies is free, counting
   // the wait as exposed transfer.
   void WaitForReleases();
+  // Runs `allocate` (which may throw the device's out-of-memory error);
+  // refused, again once the memory given back is free. False if refused
+  // both times.
+  bool TryAfterReleases(const std::function<void()>& allocate);
   void Prefetch(int period);
   Plan PlanFor(const PlanInput& in) const;
   void Apply();
