@@ -1,7 +1,7 @@
 // Chunks sharded across data ranks (parallel.shard), measured in one run:
 //   1. per-rank model data by kind (the memory manager's own accounting) and
 //      what one rank sends per step under the ring algorithm, for shard
-//      none and optimizer at D = 2 and 4, against 16 B x params / D;
+//      none, optimizer and full at D = 2 and 4, against 16 B x params / D;
 //   2. the largest model D = 2 ranks train with every chunk kept on the host
 //      (static policy) under a per-rank host budget, for each shard level:
 //      layers doubled until a run is refused, then bisected.
@@ -33,8 +33,10 @@ ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/zero.js
 namespace ferry {
 namespace {
 
-constexpr const char* kShardNames[] = {"none", "optimizer"};
-constexpr MemoryOptions::Shard kShards[] = {MemoryOptions::Shard::kNone, MemoryOptions::Shard::kOptimizer};
+constexpr const char* kShardNames[] = {"none", "optimizer", "full"};
+constexpr MemoryOptions::Shard kShards[] = {MemoryOptions::Shard::kNone, MemoryOptions::Shard::kOptimizer,
+                                            MemoryOptions::Shard::kFull};
+constexpr int kShardLevels = 3;
 
 TrainOptions Training(int64_t steps) {
   TrainOptions train;
@@ -162,7 +164,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "zero: %lld parameters, bf16\n", static_cast<long long>(model.ParameterCount()));
   std::vector<BytesRun> bytes;
   for (int data : {2, 4}) {
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kShardLevels; ++s) {
       bytes.push_back(MeasureBytes(model, s, data, steps));
       std::fprintf(stderr, "  shard %s, D=%d: %s\n", kShardNames[s], data,
                    bytes.back().error.empty() ? "done" : bytes.back().error.c_str());
@@ -174,7 +176,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "zero: capacity at D=2 under %llu MiB of host memory per rank\n",
                static_cast<unsigned long long>(host_budget >> 20));
   std::vector<CapacityRun> capacity;
-  for (int s = 0; s < 2; ++s) capacity.push_back(MeasureCapacity(family, s, host_budget));
+  for (int s = 0; s < kShardLevels; ++s) capacity.push_back(MeasureCapacity(family, s, host_budget));
 
   std::printf("\nModel data per rank (rank 0, the manager's accounting; %.2f M parameters, bf16)\n", params / 1e6);
   std::printf("%-10s %3s %10s %10s %10s %10s %8s %14s %9s %14s\n", "shard", "D", "params", "grads", "optimizer",

@@ -100,7 +100,10 @@ ChunkManager::ChunkManager(MemoryDevice* device, const MemoryOptions& options, c
       tracer_(&table_, options),
       mover_(device, &store_, &table_, &tracer_, &stats_),
       policy_(device, &table_, &tracer_, &mover_, &stats_, options, optimizer.param_dtype != c10::kFloat,
-              UpdatesWithTorchOps(*device, optimizer)),
+              UpdatesWithTorchOps(*device, optimizer),
+              options.shard == MemoryOptions::Shard::kFull && groups.data != nullptr && groups.data->size() > 1
+                  ? groups.data
+                  : nullptr),
       reducer_(&table_, &mover_, groups.tensor, groups.data),
       optimizer_(device, &store_, &table_, &mover_, optimizer, groups.data),
       values_(device, &store_, &table_, optimizer.param_dtype, groups.data),
@@ -140,6 +143,8 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   const int64_t shards = sharded ? groups.data->size() : 1;
   const int64_t shard_rank = sharded ? groups.data->rank() : 0;
   const std::vector<int64_t> shard_elements = ShardChunks(&layout->capacity, shards);
+  // Fully sharded, the weights' and gradients' host side holds the shard too.
+  const bool full = sharded && options.shard == MemoryOptions::Shard::kFull;
 
   ChunkTable table;
   table.stages = std::move(stages);
@@ -161,6 +166,10 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       p.numel = p.regions * (p.kind == PayloadKind::kOptimizer ? chunk.shard_numel : chunk.capacity);
       p.dtype = p.kind == PayloadKind::kOptimizer ? c10::kFloat : optimizer.param_dtype;
       p.bytes = static_cast<uint64_t>(p.numel) * c10::elementSize(p.dtype);
+      if (full && p.kind != PayloadKind::kOptimizer) {
+        p.host_begin = chunk.shard_begin;
+        p.host_count = chunk.shard_numel;
+      }
     }
   }
   table.tensors.resize(params.size());
@@ -184,6 +193,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   // scratch an initialisation takes until every chunk is filled.
   TierInput tiers = ChunkTierInput(layout->capacity, mixed);
   tiers.optimizer_elements = shard_elements;
+  if (full) tiers.host_elements = shard_elements;
   for (const ManagedParam& p : params) {
     if (p.init) {
       tiers.init_scratch_bytes = std::max(tiers.init_scratch_bytes, p.init_scratch_bytes);
@@ -410,7 +420,7 @@ StepMemoryStats ChunkManager::EndStep() {
         stats_.device_bytes[k] += p.bytes;
         on_device = true;
       }
-      if (p.host.defined() && p.home == Tier::kHost) stats_.host_bytes[k] += p.bytes;
+      if (p.host.defined() && p.home == Tier::kHost) stats_.host_bytes[k] += p.host.nbytes();
       if (p.disk_file >= 0) stats_.disk_bytes[k] += store_.disk()->file_bytes(p.disk_file);
     }
     on_device ? ++stats_.device_chunks : ++stats_.host_chunks;
@@ -481,9 +491,9 @@ PlacementReport ChunkManager::Placement() const {
                 : p.host_valid                          ? "host"
                 : p.disk_valid                          ? "disk"
                                                         : "none";
-      pr.bytes = p.bytes;
+      pr.bytes = p.host_bytes();
       pr.device_bytes = p.resident ? p.bytes : 0;
-      pr.host_bytes = p.host.defined() && p.home == Tier::kHost ? p.bytes : 0;
+      pr.host_bytes = p.host.defined() && p.home == Tier::kHost ? p.host.nbytes() : 0;
       pr.disk_bytes = p.disk_file >= 0 ? store_.disk()->file_bytes(p.disk_file) : 0;
       pr.home = TierName(p.home);
       pr.state = state;
@@ -536,6 +546,7 @@ bool ChunkManager::StateSnapshotFits() const {
 
 absl::Status ChunkManager::RestoreState(uint64_t size, const StateSource& source) {
   optimizer_.WaitForUpdates();
+  policy_.ForgetPeriod();
   return values_.Restore(size, source);
 }
 

@@ -267,12 +267,16 @@ OptimizerResult ChunkOptimizer::Step(int64_t step, double lr, double max_grad_no
       CpuAdamBuffers b;
       b.exp_avg = state(0);
       b.exp_avg_sq = state(1);
-      b.master = mixed() ? state(2) : p.host.data_ptr<float>() + u.begin;
-      b.grad = grads_on_disk ? grads[0].data_ptr()
-                             : static_cast<const char*>(g.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
+      // Element `begin` of a host copy: of the chunk, or of the shard it
+      // holds (fully sharded).
+      auto host_at = [&](const Payload& h) {
+        return static_cast<size_t>(h.host.numel() == h.numel ? u.begin : u.begin - h.host_begin) * weight;
+      };
+      b.master = mixed() ? state(2) : reinterpret_cast<float*>(static_cast<char*>(p.host.data_ptr()) + host_at(p));
+      b.grad = grads_on_disk ? grads[0].data_ptr() : static_cast<const char*>(g.host.data_ptr()) + host_at(g);
       b.grad_type = LowTypeOf(g.dtype);
       if (mixed()) {
-        b.copy = static_cast<char*>(p.host.data_ptr()) + static_cast<size_t>(u.begin) * weight;
+        b.copy = static_cast<char*>(p.host.data_ptr()) + host_at(p);
         b.copy_type = LowTypeOf(p.dtype);
       }
       b.numel = u.count;
@@ -318,6 +322,13 @@ void ChunkOptimizer::GatherShards() {
   for (Chunk& chunk : table_->chunks) {
     if (!chunk.sharded()) continue;
     Payload& p = chunk.payload(PayloadKind::kParam);
+    // Fully sharded, the host keeps the shard alone: the weights are
+    // gathered where they are next used (PlacementPolicy::Prepare).
+    if (p.host_sharded()) {
+      if (!p.host_valid) throw std::logic_error(absl::StrCat("chunk ", chunk.id, ": updated weights missing"));
+      if (p.resident) store_->Release(p);
+      continue;
+    }
     const bool on_device = chunk.device_homed();
     at::Tensor whole = on_device ? p.device : p.host;
     if (on_device ? !(p.resident && p.device_valid) : !p.host_valid) {

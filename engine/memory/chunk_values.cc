@@ -57,8 +57,8 @@ absl::Status ChunkValues::Fill(const std::vector<ManagedParam>& params, bool val
     // those are on disk), the parameters are its rounded copy.
     at::Tensor master = p.host;
     // Drawn whole into a chunk of its own where the states keep a part of
-    // it: a shard, or slices on disk.
-    const bool drawn_apart = mixed() && (o.home == Tier::kDisk || chunk.sharded());
+    // it (a shard, or slices on disk), or the weights' host copy does.
+    const bool drawn_apart = (mixed() && (o.home == Tier::kDisk || chunk.sharded())) || p.host_sharded();
     const uint64_t drawn_bytes = static_cast<uint64_t>(chunk.capacity) * sizeof(float);
     if (drawn_apart) {
       store_->ReserveHostBytes(drawn_bytes, absl::StrCat("chunk ", chunk.id, "'s master weights as they are drawn"));
@@ -78,8 +78,9 @@ absl::Status ChunkValues::Fill(const std::vector<ManagedParam>& params, bool val
         master.narrow(0, t.offset, t.numel).copy_(t.param.detach().reshape({-1}));
       }
     }
+    if (drawn_apart) p.host.copy_(p.HostPart(master));
     if (mixed()) {
-      p.host.copy_(master);
+      if (!drawn_apart) p.host.copy_(master);
       chunk.optimizer_initialized = true;
       if (drawn_apart && o.home == Tier::kDisk) {
         // Moments zero, masters (this rank's shard of them) as drawn,
@@ -119,7 +120,7 @@ uint64_t ChunkValues::StateBytes() const {
     size += 2 * sizeof(int64_t);
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
-      size += sizeof(int64_t) + chunk.payload(kind).bytes;
+      size += sizeof(int64_t) + chunk.payload(kind).host_bytes();
     }
   }
   return size;
@@ -130,7 +131,8 @@ absl::Status ChunkValues::Save(const StateSink& sink) const {
   device_->SynchronizeTransfers();
   // One payload at a time, from wherever its current copy is: a host copy
   // is written in place, a device one through a host copy of that payload,
-  // a disk one a region and a slice at a time through the staging.
+  // a disk one a region and a slice at a time through the staging. Fully
+  // sharded, a rank's weights are its shard of them, as its host holds them.
   RETURN_IF_ERROR(sink(kStateMagic, sizeof kStateMagic));
   RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(table_->chunks.size())));
   RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(param_dtype_)));
@@ -140,12 +142,13 @@ absl::Status ChunkValues::Save(const StateSink& sink) const {
     for (PayloadKind kind : {PayloadKind::kParam, PayloadKind::kOptimizer}) {
       const Payload& p = chunk.payload(kind);
       if (kind == PayloadKind::kOptimizer && !chunk.optimizer_initialized) continue;
-      RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(p.bytes)));
+      const uint64_t bytes = p.host_bytes();
+      RETURN_IF_ERROR(PutInt(sink, static_cast<int64_t>(bytes)));
       if (p.host_valid) {
-        RETURN_IF_ERROR(sink(p.host.data_ptr(), p.bytes));
+        RETURN_IF_ERROR(sink(p.host.data_ptr(), bytes));
       } else if (p.resident && p.device_valid) {
-        const at::Tensor current = p.device.to(at::kCPU).contiguous();
-        RETURN_IF_ERROR(sink(current.data_ptr(), p.bytes));
+        const at::Tensor current = p.device.narrow(0, p.host_begin, p.host_numel()).to(at::kCPU).contiguous();
+        RETURN_IF_ERROR(sink(current.data_ptr(), bytes));
       } else if (p.home == Tier::kDisk && p.disk_valid) {
         absl::Status written;
         for (int r = 0; r < p.regions; ++r) {
@@ -209,7 +212,7 @@ absl::Status ChunkValues::Restore(uint64_t size, const StateSource& source) {
       }
       int64_t bytes = 0;
       RETURN_IF_ERROR(take_int(&bytes));
-      if (bytes != static_cast<int64_t>(p.bytes) || static_cast<uint64_t>(bytes) > left) {
+      if (bytes != static_cast<int64_t>(p.host_bytes()) || static_cast<uint64_t>(bytes) > left) {
         return mismatch(absl::StrCat("chunk ", chunk.id, " ", PayloadKindName(kind), " has another size"));
       }
       if (p.resident) store_->Release(p);
@@ -261,10 +264,11 @@ std::vector<at::Tensor> ChunkValues::Masters() const {
         values[static_cast<size_t>(i)].narrow(0, lo - t.offset, hi - lo).copy_(part.narrow(0, lo - begin, hi - lo));
       }
     };
-    // Sharded, the states hold this rank's part of the masters: the parts
-    // are gathered from the data group into a whole chunk first.
-    const bool gathered = mixed() && chunk.sharded();
-    const int64_t length = mixed() ? chunk.shard_numel : chunk.capacity;
+    // Sharded, the states hold this rank's part of the masters (as, fully
+    // sharded, the weights' host copy does in fp32): the parts are gathered
+    // from the data group into a whole chunk first.
+    const bool gathered = chunk.sharded() && (mixed() || m.host_sharded());
+    const int64_t length = gathered ? chunk.shard_numel : chunk.capacity;
     at::Tensor whole;
     std::function<void(int64_t, const at::Tensor&)> put = take;
     if (gathered) {
@@ -276,7 +280,9 @@ std::vector<at::Tensor> ChunkValues::Masters() const {
     if (m.host_valid) {
       put(0, m.host.narrow(0, region * length, length));
     } else if (m.resident && m.device_valid) {
-      put(0, m.device.narrow(0, region * length, length).to(at::kCPU));
+      // Fully sharded in fp32, the device copy is the weights whole.
+      const int64_t at = m.host_sharded() ? chunk.shard_begin : region * length;
+      put(0, m.device.narrow(0, at, length).to(at::kCPU));
     } else if (m.home == Tier::kDisk && m.disk_valid) {
       store_->StreamIn(
           m, [&](int64_t begin, int64_t, const std::vector<at::Tensor>& views) { put(begin, views[0]); }, region);

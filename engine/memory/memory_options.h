@@ -58,8 +58,11 @@ struct MemoryOptions {
   // whole; optimizer, each data rank owns 1/D of every chunk -- its part of
   // the optimizer states (with the fp32 masters in mixed precision) -- and
   // updates only that part: gradients are reduce-scattered instead of
-  // all-reduced, and the updated weights all-gathered after the update.
-  enum class Shard { kNone, kOptimizer };
+  // all-reduced, and the updated weights all-gathered after the update;
+  // full, the host side of the weights and gradients too holds only the
+  // rank's part (a rank keeps 1/D of all its model data), the weights
+  // gathered whole on the device as a period needs them and released after.
+  enum class Shard { kNone, kOptimizer, kFull };
   Shard shard = Shard::kNone;
 };
 

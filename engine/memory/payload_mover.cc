@@ -44,12 +44,17 @@ void PayloadMover::Evict(Payload& p, bool keep_values) {
       // Written behind: whatever reads the host copy waits for it (a copy
       // back to the device through host_filled, the host's own work by
       // SynchronizeTransfers), and the device memory is freed after it.
-      store_->EnsureHost(p);
-      p.host_filled = device_->CopyToHost(p.device, p.host, p.host_filled);
+      // A sharded host copy takes this rank's shard -- but gradients not yet
+      // reduced are every rank's share of all of them, kept whole.
+      const Chunk& chunk = table_->chunk(p.chunk);
+      store_->EnsureHost(p, /*whole=*/p.kind == PayloadKind::kGrad && !chunk.grad_reduced);
+      const at::Tensor from = p.HostPart(p.device);
+      p.host_filled = device_->CopyToHost(from, p.host, p.host_filled);
       p.host_valid = true;
+      stats_->device_to_host_bytes += static_cast<uint64_t>(from.nbytes());
     }
     stats_->transfer_seconds += SecondsSince(start);
-    stats_->device_to_host_bytes += p.bytes;
+    if (p.home == Tier::kDisk) stats_->device_to_host_bytes += p.bytes;
   }
   store_->Release(p);
 }
@@ -65,6 +70,7 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
     return;
   }
   store_->Materialize(p);
+  p.device_whole = true;
   if (p.kind == PayloadKind::kGrad && !chunk.grad_started) {
     p.device.zero_();  // this step's gradients start here
     chunk.grad_started = true;
@@ -75,8 +81,13 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
   } else if (p.host_valid || (p.home == Tier::kDisk && p.disk_valid)) {
     const auto start = std::chrono::steady_clock::now();
     if (p.host_valid) {
-      // Read ahead: compute waits for it only where it needs the payload.
-      p.device_filled = device_->CopyToDevice(p.host, p.device, p.host_filled);
+      // Read ahead: compute waits for it only where it needs the payload. A
+      // sharded host copy fills this rank's shard; the policy gathers the
+      // rest (PlacementPolicy::Prepare).
+      const at::Tensor to = p.HostPart(p.device);
+      p.device_filled = device_->CopyToDevice(p.host, to, p.host_filled);
+      p.device_whole = to.numel() == p.numel;
+      stats_->host_to_device_bytes += static_cast<uint64_t>(to.nbytes());
     } else {
       const int64_t n = p.region_numel();
       store_->StreamIn(p, [&](int64_t begin, int64_t count, const std::vector<at::Tensor>& views) {
@@ -86,9 +97,9 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
         device_->SynchronizeTransfers();  // the slot is read into again soon
       });
       p.device_filled = TransferEvent();  // done
+      stats_->host_to_device_bytes += p.bytes;
     }
     stats_->transfer_seconds += SecondsSince(start);
-    stats_->host_to_device_bytes += p.bytes;
     // Gradients go on accumulating on the device: the host side's copy is
     // no longer current.
     if (p.kind == PayloadKind::kGrad) {

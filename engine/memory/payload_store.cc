@@ -76,21 +76,24 @@ void PayloadStore::ReserveHostBytes(uint64_t bytes, const std::string& what) {
   AddHostBytes(static_cast<int64_t>(bytes));
 }
 
-void PayloadStore::EnsureHost(Payload& p) {
-  if (p.host.defined()) return;
+void PayloadStore::EnsureHost(Payload& p, bool whole) {
+  const int64_t numel = whole ? p.numel : p.host_numel();
+  if (p.host.defined() && p.host.numel() == numel) return;
   if (p.home == Tier::kDisk) {
     throw std::logic_error(absl::StrCat("chunk ", p.chunk, " ", PayloadKindName(p.kind),
                                         ": a disk-homed payload has no host buffer of its own"));
   }
-  ReserveHostBytes(p.bytes, absl::StrCat("chunk ", p.chunk));
-  p.host = device_->AllocateHost(p.numel, p.dtype);
+  ReleaseHost(p);
+  ReserveHostBytes(static_cast<uint64_t>(numel) * c10::elementSize(p.dtype), absl::StrCat("chunk ", p.chunk));
+  p.host = device_->AllocateHost(numel, p.dtype);
 }
 
 void PayloadStore::ReleaseHost(Payload& p) {
   p.host_valid = false;
   if (!p.host.defined()) return;
+  const int64_t bytes = static_cast<int64_t>(p.host.nbytes());
   p.host = at::Tensor();
-  AddHostBytes(-static_cast<int64_t>(p.bytes));
+  AddHostBytes(-bytes);
 }
 
 absl::Status PayloadStore::OpenDisk(const MemoryOptions& options, const std::vector<Payload*>& on_disk,

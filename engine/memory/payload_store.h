@@ -43,11 +43,29 @@ struct Payload {
   at::Tensor device;
   bool resident = false;
   bool device_valid = false;
+  // Valid, the device copy holds every element current -- not only the
+  // shard a sharded host copy filled (the rest gathered from the other
+  // ranks: PlacementPolicy::Prepare).
+  bool device_whole = false;
   // The host copy of a host-homed payload, allocated on first need and kept
   // while needed. A disk-homed payload has none: its values move through the
-  // staging slots a slice at a time.
+  // staging slots a slice at a time. It holds elements [host_begin,
+  // host_begin + host_numel) of the device copy: all of them, or with full
+  // sharding (MemoryOptions::kFull) the weights' and gradients' shard of
+  // this rank -- and, where gradients not yet reduced must leave the device,
+  // all of them for a while (host.numel() says which).
   at::Tensor host;
   bool host_valid = false;
+  int64_t host_begin = 0;
+  int64_t host_count = 0;  // 0: numel
+  int64_t host_numel() const { return host_count > 0 ? host_count : numel; }
+  bool host_sharded() const { return host_numel() != numel; }
+  uint64_t host_bytes() const { return static_cast<uint64_t>(host_numel()) * c10::elementSize(dtype); }
+  // The part of `device` (the device copy, or a tensor laid out as it is)
+  // that the host copy as allocated now holds.
+  at::Tensor HostPart(const at::Tensor& whole) const {
+    return host.defined() && host.numel() == numel ? whole : whole.narrow(0, host_begin, host_numel());
+  }
   // Where its authoritative host-side copy lives; for kDisk its file,
   // whether that holds its current values (once the writes queued to it
   // land), and the elements of a slice of it.
@@ -86,10 +104,11 @@ class PayloadStore {
 
   // A host-homed payload's host buffer, allocated within the host budget
   // (RESOURCE_EXHAUSTED naming memory.host_budget, as a
-  // ResourceExhaustedException, past it) on first need; ReleaseHost gives it
-  // back (for a disk-homed payload, which has none, it only marks the host
-  // side stale).
-  void EnsureHost(Payload& p);
+  // ResourceExhaustedException, past it) on first need: its host_numel
+  // elements, or with `whole` all of them (a buffer of the other size is
+  // given back first, its values with it); ReleaseHost gives it back (for a
+  // disk-homed payload, which has none, it only marks the host side stale).
+  void EnsureHost(Payload& p, bool whole = false);
   void ReleaseHost(Payload& p);
   // Host memory for model data held outside the payloads (the model's
   // values while they move into chunks), counted against the budget; and

@@ -22,7 +22,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 PlacementPolicy::PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
                                  StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision,
-                                 bool device_update_temps)
+                                 bool device_update_temps, Communicator* weight_shards)
     : device_(device),
       table_(table),
       tracer_(tracer),
@@ -30,7 +30,8 @@ PlacementPolicy::PlacementPolicy(MemoryDevice* device, ChunkTable* table, Period
       stats_(stats),
       options_(options),
       mixed_(mixed_precision),
-      device_update_temps_(device_update_temps) {
+      device_update_temps_(device_update_temps),
+      weight_shards_(weight_shards) {
   plan_.classes.assign(table_->chunks.size(), ChunkClass::kStreamed);
   Apply();
   applied_ = false;
@@ -169,6 +170,7 @@ void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
   // period's prefetches go on beside it. The device times how long compute
   // stood waiting (the step's exposed transfer, ChunkManager::EndStep).
   for (Payload* p : needed) device_->ComputeWaitsFor(p->device_filled);
+  GatherWeights(period);
   Prefetch(period);
   device_->ComputeBegins();
 }
@@ -203,7 +205,43 @@ void PlacementPolicy::Prefetch(int period) {
   }
 }
 
+void PlacementPolicy::GatherWeights(int period) {
+  const int previous = last_period_;
+  last_period_ = period;
+  if (weight_shards_ == nullptr || period == table_->OptimizerPeriod()) return;
+  const std::vector<int> none;
+  const std::vector<int>& before =
+      previous >= 0 && previous < table_->OptimizerPeriod() ? table_->period_chunks[static_cast<size_t>(previous)] : none;
+  for (int c : table_->period_chunks[static_cast<size_t>(period)]) {
+    Chunk& chunk = table_->chunk(c);
+    Payload& p = chunk.payload(PayloadKind::kParam);
+    if (!p.host_sharded()) continue;
+    // Kept whole from the period before (which every rank kept alike), or
+    // gathered: also where every rank released it alike (a new batch
+    // shape's warm-up, values restored).
+    if (std::find(before.begin(), before.end(), c) == before.end() || !p.device_whole) {
+      chunk.GatherShards(weight_shards_, p.device);
+      p.device_whole = true;
+    }
+  }
+}
+
 void PlacementPolicy::ReleaseAfterPeriod(int period) {
+  if (weight_shards_ != nullptr) {
+    const int next = (period + 1) % table_->cycle();
+    const std::vector<int> none;
+    const std::vector<int>& kept =
+        next < table_->OptimizerPeriod() ? table_->period_chunks[static_cast<size_t>(next)] : none;
+    for (Chunk& chunk : table_->chunks) {
+      Payload& p = chunk.payload(PayloadKind::kParam);
+      if (p.resident && p.host_sharded() && std::find(kept.begin(), kept.end(), chunk.id) == kept.end()) {
+        mover_->Evict(p, table_->Preserve(p));
+      }
+    }
+    // Whatever the policy: what the next period gathers must not depend on
+    // it (Prepare).
+    return;
+  }
   // Warm-up keeps only what the current period needs, so that the trace
   // measures non-model memory with room to spare; static streams the chunks
   // it does not pin. Auto keeps everything until room is short.
@@ -278,6 +316,9 @@ void PlacementPolicy::Apply() {
   const int optimizer = table_->OptimizerPeriod();
   for (size_t c = 0; c < table_->chunks.size(); ++c) {
     Chunk& chunk = table_->chunks[c];
+    // Fully sharded, every chunk's weights are gathered for the periods that
+    // use them and released after: none stays on the device.
+    if (weight_shards_ != nullptr) plan_.classes[c] = ChunkClass::kStreamed;
     chunk.chunk_class = plan_.classes[c];
     const bool homed = chunk.device_homed();
     std::vector<int> stage_periods;

@@ -33,9 +33,11 @@ class PlacementPolicy {
   // Every pointer must outlive the policy. `device_update_temps`: an update
   // on the device allocates temporaries (LibTorch ops on a GPU), which the
   // plan must leave room for.
+  // `weight_shards`: with full sharding, the data group the weights'
+  // host copies are sharded over (null otherwise).
   PlacementPolicy(MemoryDevice* device, ChunkTable* table, PeriodTracer* tracer, PayloadMover* mover,
                   StepMemoryStats* stats, const MemoryOptions& options, bool mixed_precision,
-                  bool device_update_temps);
+                  bool device_update_temps, Communicator* weight_shards = nullptr);
 
   // The payloads `period` computes with: its chunks' parameters, and in a
   // backward period their gradients; in the optimizer period, everything of
@@ -43,10 +45,21 @@ class PlacementPolicy {
   std::vector<Payload*> Needed(int period);
   // Before `period`: makes room and brings `needed` to the device (compute
   // then waits for the copies), then prefetches the next period's chunks.
+  //
+  // Fully sharded, a chunk's weights come to the device as this rank's
+  // shard and are gathered whole there from the data group. A gather is a
+  // collective, so when one runs must not depend on this rank's placement:
+  // a period gathers exactly the chunks it computes with that the period
+  // before it did not (those are still here: kept, below), in the order
+  // the period lists them -- the same on every rank.
   void Prepare(int period, const std::vector<Payload*>& needed);
   // After `period`: in a warm-up, and under static for the chunks it does
-  // not pin, the period's parameters leave the device.
+  // not pin, the period's parameters leave the device. Fully sharded, so do
+  // any weights the next period does not compute with, whatever the policy.
   void ReleaseAfterPeriod(int period);
+  // The next period gathers every chunk it computes with (values restored
+  // from a checkpoint: nothing on the device is current).
+  void ForgetPeriod() { last_period_ = -1; }
 
   // The plan made after a warm-up, applied from the next step on. Auto also
   // chooses the stages that recompute (with the tracer). RESOURCE_EXHAUSTED,
@@ -88,6 +101,8 @@ class PlacementPolicy {
   // both times.
   bool TryAfterReleases(const std::function<void()>& allocate);
   void Prefetch(int period);
+  // Fully sharded: the weights `period` gathers (see Prepare).
+  void GatherWeights(int period);
   Plan PlanFor(const PlanInput& in) const;
   void Apply();
   bool adaptive() const { return !tracer_->warmup() && options_.policy == MemoryOptions::Policy::kAuto; }
@@ -104,6 +119,9 @@ class PlacementPolicy {
   // (MemoryDevice::unusable_bytes): room the placement keeps for them.
   uint64_t unusable_bytes_ = 0;
   bool accumulates_ = false;
+  Communicator* weight_shards_;
+  // The period prepared last (-1: none, or forgotten).
+  int last_period_ = -1;
   Plan plan_;
   bool applied_ = false;
 };

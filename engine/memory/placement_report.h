@@ -76,6 +76,8 @@ struct PayloadReport {
   // the device and the host side), or "none" (nothing to keep, e.g.
   // gradients between steps).
   std::string tier;
+  // Its size: of this rank's part, where the host side keeps a shard of it
+  // (full sharding; whole on the device while a period computes with it).
   uint64_t bytes = 0;
   // Memory it holds now on each tier (a device buffer may hold stale values;
   // a host buffer of a host-homed payload, once allocated, is kept).

@@ -125,6 +125,8 @@ void HostNeeds(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
         drawn = static_cast<uint64_t>(in.elements[c]) * 4;
       }
     }
+    // So are a weight shard's values (the fp32 ones; the masters' above).
+    if (in.host_numel(c) != in.elements[c]) drawn = static_cast<uint64_t>(in.elements[c]) * 4;
     peak = std::max(peak, held + drawn);
     const uint64_t built =
         all_params > 0

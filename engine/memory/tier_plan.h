@@ -69,6 +69,9 @@ struct TierInput {
   // Per chunk: the elements of its optimizer states' regions, where they
   // hold a shard of the chunk (data-parallel sharding); empty: `elements`.
   std::vector<int64_t> optimizer_elements;
+  // Per chunk: the elements of the weights' and gradients' host copies,
+  // where those hold a shard (full sharding); empty: `elements`.
+  std::vector<int64_t> host_elements;
   // Bytes an element of the weights and of the gradients: 4 in fp32, 2 in
   // fp16 and bf16.
   uint64_t weight_bytes = 4;
@@ -92,7 +95,8 @@ struct TierInput {
   bool disk_limit_is_free_space = false;
 
   int optimizer_regions() const { return masters_with_optimizer ? 3 : 2; }
-  uint64_t param_bytes(size_t c) const { return static_cast<uint64_t>(elements[c]) * weight_bytes; }
+  int64_t host_numel(size_t c) const { return host_elements.empty() ? elements[c] : host_elements[c]; }
+  uint64_t param_bytes(size_t c) const { return static_cast<uint64_t>(host_numel(c)) * weight_bytes; }
   uint64_t grad_bytes(size_t c) const { return param_bytes(c); }
   int64_t optimizer_numel(size_t c) const { return optimizer_elements.empty() ? elements[c] : optimizer_elements[c]; }
   // Whether the chunk's gradients and states may go to disk: unsharded, or

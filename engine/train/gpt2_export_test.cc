@@ -246,10 +246,15 @@ TEST(Gpt2ExportTest, TensorParallelShardsJoin) {
 // weights.
 TEST(Gpt2ExportTest, DataRanksShardsJoin) {
   SimulatedDevice device(uint64_t{4} << 30);
-  MemoryOptions sharded = Memory();
-  sharded.shard = MemoryOptions::Shard::kOptimizer;
-  for (auto precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
-    SCOPED_TRACE(precision == TrainOptions::Precision::kFp32 ? "fp32" : "bf16");
+  for (auto [level, precision] : {std::pair{MemoryOptions::Shard::kOptimizer, TrainOptions::Precision::kFp32},
+                                  std::pair{MemoryOptions::Shard::kOptimizer, TrainOptions::Precision::kBf16},
+                                  std::pair{MemoryOptions::Shard::kFull, TrainOptions::Precision::kFp32},
+                                  std::pair{MemoryOptions::Shard::kFull, TrainOptions::Precision::kBf16}}) {
+    MemoryOptions sharded = Memory();
+    sharded.shard = level;
+    const bool full = level == MemoryOptions::Shard::kFull;
+    SCOPED_TRACE(::testing::Message() << (full ? "full " : "optimizer ")
+                                      << (precision == TrainOptions::Precision::kFp32 ? "fp32" : "bf16"));
     TrainOptions still = Options(0.0);
     still.precision = precision;
     const std::vector<CheckpointContents> initial = TrainParallel(&device, 1, 2, still, sharded);
@@ -281,9 +286,15 @@ TEST(Gpt2ExportTest, DataRanksShardsJoin) {
 
     // Generation: data rank 0's chunks, laid out for its shard, hold the
     // whole weights; the logits are the unsharded run's initial model's.
-    const CheckpointContents one = TrainOneRank(&device, still, Memory());
+    // Fully sharded they hold half: refused, saying what to do instead.
     absl::StatusOr<std::unique_ptr<InferenceModel>> from_shard =
         RestoreInferenceModel(Model(), still, sharded, initial[0], &device, 2);
+    if (full) {
+      EXPECT_EQ(from_shard.status().code(), absl::StatusCode::kFailedPrecondition) << from_shard.status();
+      EXPECT_NE(from_shard.status().message().find("export"), std::string::npos) << from_shard.status();
+      continue;
+    }
+    const CheckpointContents one = TrainOneRank(&device, still, Memory());
     absl::StatusOr<std::unique_ptr<InferenceModel>> from_one =
         RestoreInferenceModel(Model(), still, Memory(), one, &device);
     ASSERT_TRUE(from_shard.ok()) << from_shard.status();

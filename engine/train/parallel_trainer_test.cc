@@ -126,14 +126,18 @@ TEST(ParallelTrainerTest, ParallelRunsReproduceOneRank) {
   }
 }
 
-// parallel.shard: optimizer at D = 2 and 4 (ranks as threads, fp32 and
-// bf16, dropout on): the unsharded training's losses and norms within 1e-5
-// over 20 steps; each rank holds 1/D of the optimizer states and the
-// weights whole; and the reduce-scatter and all-gather send what one
-// all-reduce of the gradients does.
-TEST(ParallelTrainerTest, ShardedOptimizerStatesReproduceUnshardedTraining) {
+// parallel.shard: optimizer and full at D = 2 and 4 (ranks as threads,
+// fp32 and bf16, dropout on): the unsharded training's losses and norms
+// within 1e-5 over 20 steps. With optimizer each rank holds 1/D of the
+// optimizer states and the weights whole, and the reduce-scatter and
+// all-gather send what one all-reduce of the gradients does; with full it
+// holds 1/D of the weights and gradients too, and gathers the weights for
+// every run of periods that computes with them (a forward and a backward at
+// least) instead of once after the update.
+TEST(ParallelTrainerTest, ShardedTrainingReproducesUnshardedTraining) {
   SimulatedDevice device(uint64_t{8} << 30);
-  constexpr int kOpt = static_cast<int>(PayloadKind::kOptimizer), kParam = static_cast<int>(PayloadKind::kParam);
+  constexpr int kOpt = static_cast<int>(PayloadKind::kOptimizer), kParam = static_cast<int>(PayloadKind::kParam),
+                kGrad = static_cast<int>(PayloadKind::kGrad);
   for (auto precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
     TrainOptions train = Options();
     train.precision = precision;
@@ -161,6 +165,27 @@ TEST(ParallelTrainerTest, ShardedOptimizerStatesReproduceUnshardedTraining) {
       EXPECT_EQ(whole.wire_bytes.count(Collective::kReduceScatter), 0u);
       EXPECT_EQ(scattered, gathered) << "the weights are gathered in the gradients' type";
       EXPECT_NEAR(double(scattered + gathered) / double(reduced), padded, 0.02);
+
+      MemoryOptions full_shard;
+      full_shard.shard = MemoryOptions::Shard::kFull;
+      const LossRecorder full = TrainParallel(&device, 1, data, full_shard, train);
+      SCOPED_TRACE("full");
+      ExpectSameTraining(full, whole, 1e-5);
+      // The weights' and optimizer states' 1/D (of the padded chunks), on
+      // the host: no chunk stays on the device after the step.
+      EXPECT_EQ(full.memory.device_bytes[kParam] + full.memory.device_bytes[kOpt], 0u);
+      EXPECT_NEAR(double(bytes(full, kParam)) * data / double(bytes(whole, kParam)), padded, 1e-9);
+      EXPECT_NEAR(double(bytes(full, kOpt)) * data / double(bytes(whole, kOpt)), padded, 1e-9);
+      // Gradients (of the weights' type) at most a shard of each chunk.
+      EXPECT_GT(bytes(full, kGrad), 0u);
+      EXPECT_LE(bytes(full, kGrad) * data, bytes(sharded, kParam));
+      // The same reduce-scatter; the weights gathered per use, at least
+      // twice a step.
+      EXPECT_EQ(full.wire_bytes.at(Collective::kReduceScatter), scattered);
+      EXPECT_GE(full.wire_bytes.at(Collective::kAllGather), 2 * gathered);
+      // The auto policy prefetches a chunk's shard a period ahead, as each
+      // rank's own plan says; the gather stays where every rank runs it.
+      EXPECT_GT(full.memory.prefetch_hits, 0);
     }
   }
 }
@@ -194,6 +219,9 @@ TEST(ParallelTrainerTest, ShardedOptimizerStatesOnTheHostAndOnDisk) {
     SCOPED_TRACE(name);
     const GptConfig model = std::string(name) == "disk" ? deeper : Model();
     const LossRecorder whole = TrainParallel(&device, 1, 2, memory, train, model);
+    MemoryOptions full = memory;
+    full.shard = MemoryOptions::Shard::kFull;
+    ExpectSameTraining(TrainParallel(&device, 1, 2, full, train, model), whole, 1e-5);
     MemoryOptions shard = memory;
     shard.shard = MemoryOptions::Shard::kOptimizer;
     const LossRecorder sharded = TrainParallel(&device, 1, 2, shard, train, model);
@@ -246,6 +274,9 @@ TEST(ParallelTrainerTest, RecomputeOnEveryRankIsTheSameTraining) {
   const LossRecorder parallel = TrainParallel(&device, 2, 2, all);
   ASSERT_EQ(parallel.losses.size(), one.losses.size());
   for (size_t s = 0; s < one.losses.size(); ++s) EXPECT_NEAR(parallel.losses[s], one.losses[s], 1e-5) << s + 1;
+  // Fully sharded within each data group of tensor-parallel shards.
+  all.shard = MemoryOptions::Shard::kFull;
+  ExpectSameTraining(TrainParallel(&device, 2, 2, all), parallel, 1e-5);
 }
 
 TEST(ParallelTrainerTest, ABatchThatDoesNotSplitIsRefused) {
@@ -277,6 +308,12 @@ TEST(ParallelTrainerTest, AccumulationOnEveryRankIsTheSameTraining) {
     accumulating.grad_accum_steps = 2;
     const LossRecorder accumulated = TrainParallel(&device, tensor, data, {}, accumulating);
     ExpectSameTraining(accumulated, whole, 1e-6);
+    if (data == 1) continue;
+    // Fully sharded: the gradients not yet reduced go whole to the host
+    // between micro-batches; reduced, this rank's shard of them.
+    MemoryOptions full;
+    full.shard = MemoryOptions::Shard::kFull;
+    ExpectSameTraining(TrainParallel(&device, tensor, data, full, accumulating), whole, 1e-5);
   }
 }
 

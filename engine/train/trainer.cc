@@ -1025,6 +1025,11 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptC
                                                                       MemoryDevice* device, int data_ranks) {
   RETURN_IF_ERROR(CheckSingleRankConfig(model, device));
   if (data_ranks < 1) return absl::InvalidArgumentError(absl::StrCat("data ranks: ", data_ranks));
+  if (data_ranks > 1 && memory.shard == MemoryOptions::Shard::kFull) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.shard: full: each of the ", data_ranks, " data ranks' checkpoints holds 1/", data_ranks,
+        " of the weights; export the run (ferry export joins them) and generate from the exported weights"));
+  }
   std::unique_ptr<InferenceModel> out;
   RETURN_IF_ERROR(CallTorch("restoring a checkpoint for generation", [&]() -> absl::Status {
     auto observer = std::make_unique<SilentObserver>();

@@ -214,6 +214,8 @@ MemoryOptions ToMemoryOptions(const ferry::v1::JobSpec& spec) {
   MemoryOptions o = ToMemoryOptions(spec.memory());
   if (spec.parallel().data() > 1 && spec.parallel().shard() == ferry::v1::SHARD_MODE_OPTIMIZER) {
     o.shard = MemoryOptions::Shard::kOptimizer;
+  } else if (spec.parallel().data() > 1 && spec.parallel().shard() == ferry::v1::SHARD_MODE_FULL) {
+    o.shard = MemoryOptions::Shard::kFull;
   }
   return o;
 }

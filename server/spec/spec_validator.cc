@@ -606,12 +606,14 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   if (!layout.ok()) return layout.status();
   const bool mixed = spec.train().precision() == ferry::v1::PRECISION_FP16 ||
                      spec.train().precision() == ferry::v1::PRECISION_BF16;
-  // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states.
+  // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states;
+  // fully sharded, of the weights and gradients too.
   const int64_t data = static_cast<int64_t>(std::max<uint32_t>(1, spec.parallel().data()));
   const bool sharded = options.shard != MemoryOptions::Shard::kNone;
   const std::vector<int64_t> shard = ShardChunks(&layout->capacity, sharded ? data : 1);
   TierInput input = ChunkTierInput(layout->capacity, mixed);
   input.optimizer_elements = shard;
+  if (options.shard == MemoryOptions::Shard::kFull) input.host_elements = shard;
   // The model is built without its values, which are drawn into the
   // chunks a parameter at a time, in place; a tensor-parallel shard is
   // drawn whole in fp32 first (a shard's tensor across the group, at most).

@@ -438,7 +438,7 @@ TEST(SpecValidatorTest, RankBudgetsSplitTheMachine) {
 
 // parallel.shard: optimizer (the default with data ranks) divides each
 // rank's optimizer states by the data ranks in the submit-time estimate;
-// the weights and gradients stay.
+// the weights and gradients stay; full divides them too.
 TEST(SpecValidatorTest, ShardedOptimizerStatesDivideTheRanksEstimate) {
   const JobSpec whole =
       Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4, shard: none}");
@@ -461,6 +461,20 @@ TEST(SpecValidatorTest, ShardedOptimizerStatesDivideTheRanksEstimate) {
   EXPECT_NEAR(double(states_sharded) * 4 / double(states_whole), 1.0, 0.02);
   EXPECT_NEAR(double(params_sharded) / double(params_whole), 1.0, 0.02);
   EXPECT_LT(states_sharded * 3, states_whole);
+  // full: the weights' and gradients' host copies too.
+  const JobSpec full =
+      Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {data: 4, shard: full}");
+  absl::StatusOr<TierInput> f = RankTierInput(full);
+  ASSERT_TRUE(f.ok()) << f.status();
+  uint64_t states_full = 0, params_full = 0, grads_full = 0;
+  for (size_t c = 0; c < f->elements.size(); ++c) {
+    states_full += f->optimizer_bytes(c);
+    params_full += f->param_bytes(c);
+    grads_full += f->grad_bytes(c);
+  }
+  EXPECT_EQ(states_full, states_sharded);
+  EXPECT_NEAR(double(params_full) * 4 / double(params_whole), 1.0, 0.02);
+  EXPECT_EQ(grads_full, params_full);
   // One data rank: nothing to shard.
   const JobSpec one = Resolved("data: {synthetic: {}}\nmodel: {preset: gpt2-small}\nparallel: {shard: optimizer}");
   absl::StatusOr<TierInput> c = RankTierInput(one);

@@ -133,20 +133,25 @@ assert logits.shape == (3, V) and torch.isfinite(logits).all()
 print(f"{len(tensors)} tensors with GPT-2's names and shapes, step {meta['step']}; a forward pass runs")
 PYEOF
 
-# Two tensor-parallel ranks, and two data ranks each keeping half of the
-# optimizer states (parallel.shard: optimizer): the shards are joined into
-# the same weights one rank trains (up to rounding, which AdamW can magnify
-# where a gradient is near zero).
+# Two tensor-parallel ranks, two data ranks each keeping half of the
+# optimizer states (parallel.shard: optimizer), and two keeping half of
+# everything (full): the shards are joined into the same weights one rank
+# trains (up to rounding, which AdamW can magnify where a gradient is near
+# zero).
 job "$WORK/two.yaml" "$WORK/two-ckpt" 10 2
 job "$WORK/sharded.yaml" "$WORK/sharded-ckpt" 10 1 2 optimizer
+job "$WORK/full.yaml" "$WORK/full-ckpt" 10 1 2 full
 TWO="$("$FERRY" submit "$WORK/two.yaml" -o json | json "d['id']")"
 SHARDED="$("$FERRY" submit "$WORK/sharded.yaml" -o json | json "d['id']")"
+FULL="$("$FERRY" submit "$WORK/full.yaml" -o json | json "d['id']")"
 "$FERRY" watch "$TWO" >"$WORK/two.watch" 2>&1 || fail "the tensor-parallel job failed: $(tail -3 "$WORK/two.watch")"
 "$FERRY" watch "$SHARDED" >"$WORK/sharded.watch" 2>&1 || fail "the sharded job failed: $(tail -3 "$WORK/sharded.watch")"
+"$FERRY" watch "$FULL" >"$WORK/full.watch" 2>&1 || fail "the fully sharded job failed: $(tail -3 "$WORK/full.watch")"
 [ -d "$WORK/sharded-ckpt/rank1" ] || fail "the second data rank wrote no checkpoint"
 "$FERRY" export "$TWO" "$WORK/two.safetensors" || fail "ferry export of the tensor-parallel job failed"
 "$FERRY" export "$SHARDED" "$WORK/sharded.safetensors" || fail "ferry export of the sharded job failed"
-for parallel in two sharded; do
+"$FERRY" export "$FULL" "$WORK/full.safetensors" || fail "ferry export of the fully sharded job failed"
+for parallel in two sharded full; do
 "$PY" - "$WORK/one.safetensors" "$WORK/$parallel.safetensors" "$parallel" <<'PYEOF' || fail "$parallel export differs from one rank's"
 import json, struct, sys
 import torch

@@ -52,21 +52,25 @@ for world in "2 1" "1 2" "2 2"; do
   [ -z "$(sed -n 's/^final loss //p' "$WORK/t$1d$2.1.out")" ] || fail "rank 1 printed progress"
 done
 
-# Optimizer states sharded across two data ranks (processes): the same
-# training; a sharded checkpoint resumes on the same ranks bit for bit.
-job "$WORK/sharded.yaml" 1 2 12 optimizer
-SHARDED="$(run_world sharded 1 2 "$WORK/sharded.yaml")"
-echo "data 2, optimizer states sharded: final loss $SHARDED (one rank: $ONE)"
-"$PY" -c "import sys; a,b=map(float,sys.argv[1:]); assert abs(a-b) < 1e-5, (a,b)" "$SHARDED" "$ONE" \
-  || fail "sharded data 2 ended at $SHARDED, one rank at $ONE"
-job "$WORK/shardckpt.yaml" 1 2 20 optimizer
-printf 'checkpoint: {dir: %s, every_steps: 10, keep: 3}\n' "$WORK/shardckpt" >>"$WORK/shardckpt.yaml"
-SWHOLE="$(run_world shardckpt 1 2 "$WORK/shardckpt.yaml")"
-rm -rf "$WORK/shardckpt/rank0/step-000000000020" "$WORK/shardckpt/rank1/step-000000000020"
-SAGAIN="$(run_world shardckpt-again 1 2 "$WORK/shardckpt.yaml")"
-grep -q "checkpoint: resuming after step 10 " "$WORK/shardckpt-again.0.out" || fail "the sharded run did not resume"
-echo "sharded, resumed from step 10: final loss $SAGAIN (uninterrupted $SWHOLE)"
-[ "$SAGAIN" = "$SWHOLE" ] || fail "sharded resumed at $SAGAIN, uninterrupted $SWHOLE"
+# Sharded across two data ranks (processes), the optimizer states alone
+# and everything (parallel.shard: full): the same training; a sharded
+# checkpoint resumes on the same ranks bit for bit.
+for level in optimizer full; do
+  job "$WORK/sharded-$level.yaml" 1 2 12 "$level"
+  SHARDED="$(run_world "sharded-$level" 1 2 "$WORK/sharded-$level.yaml")"
+  echo "data 2, shard $level: final loss $SHARDED (one rank: $ONE)"
+  "$PY" -c "import sys; a,b=map(float,sys.argv[1:]); assert abs(a-b) < 1e-5, (a,b)" "$SHARDED" "$ONE" \
+    || fail "sharded ($level) data 2 ended at $SHARDED, one rank at $ONE"
+  job "$WORK/shardckpt-$level.yaml" 1 2 20 "$level"
+  printf 'checkpoint: {dir: %s, every_steps: 10, keep: 3}\n' "$WORK/shardckpt-$level" >>"$WORK/shardckpt-$level.yaml"
+  SWHOLE="$(run_world "shardckpt-$level" 1 2 "$WORK/shardckpt-$level.yaml")"
+  rm -rf "$WORK/shardckpt-$level/rank0/step-000000000020" "$WORK/shardckpt-$level/rank1/step-000000000020"
+  SAGAIN="$(run_world "shardckpt-$level-again" 1 2 "$WORK/shardckpt-$level.yaml")"
+  grep -q "checkpoint: resuming after step 10 " "$WORK/shardckpt-$level-again.0.out" \
+    || fail "the sharded ($level) run did not resume"
+  echo "shard $level, resumed from step 10: final loss $SAGAIN (uninterrupted $SWHOLE)"
+  [ "$SAGAIN" = "$SWHOLE" ] || fail "sharded ($level) resumed at $SAGAIN, uninterrupted $SWHOLE"
+done
 
 # Ranks resume from the same step even when one lacks the others' newest
 # checkpoint (it died writing it): both resume from the step before, and
