@@ -47,11 +47,14 @@ class PlacementPolicy {
   // then waits for the copies), then prefetches the next period's chunks.
   //
   // Fully sharded, a chunk's weights come to the device as this rank's
-  // shard and are gathered whole there from the data group. A gather is a
-  // collective, so when one runs must not depend on this rank's placement:
-  // a period gathers exactly the chunks it computes with that the period
-  // before it did not (those are still here: kept, below), in the order
-  // the period lists them -- the same on every rank.
+  // shard (fetched or prefetched) and are gathered whole there from the
+  // data group. A gather is a collective, so when one runs must not depend
+  // on this rank's placement: a period gathers the chunks it computes with
+  // that the period before it did not, and those that did but are not
+  // whole on the device (released alike on every rank: a new batch shape,
+  // values restored), in the order the period lists them. A chunk two
+  // periods in a row compute with stays whole between them (neither
+  // ReleaseAfterPeriod nor an eviction for room takes it).
   void Prepare(int period, const std::vector<Payload*>& needed);
   // After `period`: in a warm-up, and under static for the chunks it does
   // not pin, the period's parameters leave the device. Fully sharded, so do
