@@ -210,8 +210,8 @@ void PlacementPolicy::GatherWeights(int period) {
   last_period_ = period;
   if (weight_shards_ == nullptr || period == table_->OptimizerPeriod()) return;
   const std::vector<int> none;
-  const std::vector<int>& before =
-      previous >= 0 && previous < table_->OptimizerPeriod() ? table_->period_chunks[static_cast<size_t>(previous)] : none;
+  const bool computed = previous >= 0 && previous < table_->OptimizerPeriod();
+  const std::vector<int>& before = computed ? table_->period_chunks[static_cast<size_t>(previous)] : none;
   for (int c : table_->period_chunks[static_cast<size_t>(period)]) {
     Chunk& chunk = table_->chunk(c);
     Payload& p = chunk.payload(PayloadKind::kParam);
