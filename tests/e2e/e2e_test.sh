@@ -252,6 +252,16 @@ one, two = map(float, sys.argv[1:])
 print(f"final loss: one rank {one:.8f}, two tensor ranks {two:.8f}")
 assert abs(one - two) < 1e-5
 PYEOF
+# Two data ranks, everything sharded (parallel.shard: full): the same loss.
+FULL="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET,parallel.data=2,parallel.shard=full -o json | json "d['id']")"
+"$FERRY" watch "$FULL" >"$WORK/full.txt" 2>&1 || fail "the fully sharded job failed: $(tail -3 "$WORK/full.txt")"
+"$PY" - "$("$FERRY" get "$SOLO" -o json | json "d['progress']['loss']")" \
+  "$("$FERRY" get "$FULL" -o json | json "d['progress']['loss']")" <<'PYEOF' || fail "full sharding changed the training"
+import sys
+one, two = map(float, sys.argv[1:])
+print(f"final loss: one rank {one:.8f}, two fully sharded data ranks {two:.8f}")
+assert abs(one - two) < 1e-5
+PYEOF
 # Every rank's shard has its placement.
 "$FERRY" memory "$TP" --rank=1 >"$WORK/rank1.txt" || fail "ferry memory --rank=1 failed"
 head -1 "$WORK/rank1.txt" | grep -q "$TP rank 1 of 2  auto policy" || fail "ferry memory --rank=1: $(head -1 "$WORK/rank1.txt")"
