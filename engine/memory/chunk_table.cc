@@ -8,10 +8,14 @@
 namespace ferry {
 
 void Chunk::GatherShards(Communicator* data, const at::Tensor& whole) const {
+  StartGatherShards(data, whole)->Wait();
+}
+
+std::unique_ptr<PendingCollective> Chunk::StartGatherShards(Communicator* data, const at::Tensor& whole) const {
   if (data == nullptr || data->size() * shard_numel != capacity) {
     throw std::logic_error(absl::StrCat("chunk ", id, " is sharded but the data group cannot gather it"));
   }
-  data->AllGatherInto(whole.narrow(0, shard_begin, shard_numel), whole.narrow(0, 0, capacity));
+  return data->StartAllGatherInto(whole.narrow(0, shard_begin, shard_numel), whole.narrow(0, 0, capacity));
 }
 
 std::string ChunkTable::PeriodName(int period, const std::vector<bool>& recompute) const {

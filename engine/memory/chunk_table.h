@@ -81,6 +81,8 @@ struct Chunk {
   // into it. A collective of `data`, the group the chunk is sharded over
   // (std::logic_error if it is not).
   void GatherShards(Communicator* data, const at::Tensor& whole) const;
+  // The same, started (Communicator::StartAllGatherInto).
+  std::unique_ptr<PendingCollective> StartGatherShards(Communicator* data, const at::Tensor& whole) const;
   // The managed tensors it holds, and the ranges weight decay applies to.
   std::vector<int> tensors;
   std::vector<DecaySegment> decay;

@@ -155,6 +155,7 @@ void PlacementPolicy::WaitForReleases() {
 }
 
 void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
+  FinishGathers();
   unusable_bytes_ = device_->unusable_bytes();
   uint64_t to_allocate = 0;
   for (const Payload* p : needed) {
@@ -172,6 +173,7 @@ void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
   for (Payload* p : needed) device_->ComputeWaitsFor(p->device_filled);
   GatherWeights(period);
   Prefetch(period);
+  StartGathers(period);
   device_->ComputeBegins();
 }
 
@@ -212,18 +214,61 @@ void PlacementPolicy::GatherWeights(int period) {
   const std::vector<int> none;
   const bool computed = previous >= 0 && previous < table_->OptimizerPeriod();
   const std::vector<int>& before = computed ? table_->period_chunks[static_cast<size_t>(previous)] : none;
+  const std::vector<int>& ahead = gathering_for_ == period ? gathered_ahead_ : none;
   for (int c : table_->period_chunks[static_cast<size_t>(period)]) {
     Chunk& chunk = table_->chunk(c);
     Payload& p = chunk.payload(PayloadKind::kParam);
     if (!p.host_sharded()) continue;
-    // Kept whole from the period before (which every rank kept alike), or
-    // gathered: also where every rank released it alike (a new batch
-    // shape's warm-up, values restored).
-    if (std::find(before.begin(), before.end(), c) == before.end() || !p.device_whole) {
+    // Kept whole from the period before (which every rank kept alike) or
+    // gathered ahead for this one (where every rank did), else gathered now
+    // -- also where every rank released it alike (a new batch shape's
+    // warm-up, values restored).
+    const bool kept = std::find(before.begin(), before.end(), c) != before.end() ||
+                      std::find(ahead.begin(), ahead.end(), c) != ahead.end();
+    if (!kept || !p.device_whole) {
       chunk.GatherShards(weight_shards_, p.device);
       p.device_whole = true;
     }
   }
+  gathered_ahead_.clear();
+  gathering_for_ = -1;
+}
+
+void PlacementPolicy::StartGathers(int period) {
+  const int next = (period + 1) % table_->cycle();
+  if (weight_shards_ == nullptr || !adaptive() || !options_.prefetch || period >= table_->OptimizerPeriod() ||
+      next >= table_->OptimizerPeriod()) {
+    return;
+  }
+  // The chunks the next period would gather: the same on every rank.
+  const std::vector<int>& now = table_->period_chunks[static_cast<size_t>(period)];
+  std::vector<int> chunks;
+  bool here = true;
+  for (int c : table_->period_chunks[static_cast<size_t>(next)]) {
+    const Payload& p = table_->payload(c, PayloadKind::kParam);
+    if (!p.host_sharded() || std::find(now.begin(), now.end(), c) != now.end()) continue;
+    chunks.push_back(c);
+    here = here && p.resident && p.device_valid;
+  }
+  if (chunks.empty()) return;
+  // Whether each rank's own plan prefetched their shards: all or none start.
+  at::Tensor ready = at::full({1}, here ? 1.0 : 0.0, at::kDouble);
+  weight_shards_->AllReduce(ready);
+  if (ready.item<double>() < weight_shards_->size()) return;
+  for (int c : chunks) {
+    Payload& p = table_->payload(c, PayloadKind::kParam);
+    device_->ComputeWaitsFor(p.device_filled);  // the shard's copy, before the gather sends it
+    gathering_.push_back(table_->chunk(c).StartGatherShards(weight_shards_, p.device));
+    ++stats_->gathers_ahead;
+  }
+  gathered_ahead_ = std::move(chunks);
+  gathering_for_ = next;
+}
+
+void PlacementPolicy::FinishGathers() {
+  for (std::unique_ptr<PendingCollective>& gather : gathering_) gather->Wait();
+  gathering_.clear();
+  for (int c : gathered_ahead_) table_->payload(c, PayloadKind::kParam).device_whole = true;
 }
 
 void PlacementPolicy::ReleaseAfterPeriod(int period) {
@@ -351,7 +396,13 @@ void PlacementPolicy::Apply() {
   applied_ = true;
 }
 
+void PlacementPolicy::ForgetPeriod() {
+  FinishGathers();
+  last_period_ = -1;
+}
+
 void PlacementPolicy::BeginStep(bool new_shape, bool accumulates) {
+  FinishGathers();  // (none runs past a step's last period: StartGathers)
   accumulates_ = accumulates;
   if (new_shape) {
     // Back to the warm-up's placement: every chunk's optimizer on the host.

@@ -54,7 +54,11 @@ class PlacementPolicy {
   // whole on the device (released alike on every rank: a new batch shape,
   // values restored), in the order the period lists them. A chunk two
   // periods in a row compute with stays whole between them (neither
-  // ReleaseAfterPeriod nor an eviction for room takes it).
+  // ReleaseAfterPeriod nor an eviction for room takes it). Under auto, the
+  // next period's gathers start as this one's compute does, where every
+  // rank prefetched their shards (the ranks agree on that first, one small
+  // all-reduce): the gathers then run beside the compute, and the next
+  // period waits for them.
   void Prepare(int period, const std::vector<Payload*>& needed);
   // After `period`: in a warm-up, and under static for the chunks it does
   // not pin, the period's parameters leave the device. Fully sharded, so do
@@ -62,7 +66,7 @@ class PlacementPolicy {
   void ReleaseAfterPeriod(int period);
   // The next period gathers every chunk it computes with (values restored
   // from a checkpoint: nothing on the device is current).
-  void ForgetPeriod() { last_period_ = -1; }
+  void ForgetPeriod();
 
   // The plan made after a warm-up, applied from the next step on. Auto also
   // chooses the stages that recompute (with the tracer). RESOURCE_EXHAUSTED,
@@ -104,8 +108,12 @@ class PlacementPolicy {
   // both times.
   bool TryAfterReleases(const std::function<void()>& allocate);
   void Prefetch(int period);
-  // Fully sharded: the weights `period` gathers (see Prepare).
+  // Fully sharded: the weights `period` gathers (see Prepare); those the
+  // next period gathers, started beside this one's compute where every rank
+  // has their shards here; waiting for what was started.
   void GatherWeights(int period);
+  void StartGathers(int period);
+  void FinishGathers();
   Plan PlanFor(const PlanInput& in) const;
   void Apply();
   bool adaptive() const { return !tracer_->warmup() && options_.policy == MemoryOptions::Policy::kAuto; }
@@ -125,6 +133,11 @@ class PlacementPolicy {
   Communicator* weight_shards_;
   // The period prepared last (-1: none, or forgotten).
   int last_period_ = -1;
+  // Gathers started for period `gathering_for_` (StartGathers), and the
+  // chunks they make whole.
+  std::vector<std::unique_ptr<PendingCollective>> gathering_;
+  std::vector<int> gathered_ahead_;
+  int gathering_for_ = -1;
   Plan plan_;
   bool applied_ = false;
 };

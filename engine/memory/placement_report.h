@@ -65,6 +65,9 @@ struct StepMemoryStats {
   double update_wait_seconds = 0;
   // Chunks whose update the step left running beside the next one.
   int overlapped_updates = 0;
+  // Fully sharded: chunks whose weights' gather started a period ahead,
+  // beside the compute before the period that uses them.
+  int gathers_ahead = 0;
 };
 
 struct PayloadReport {

@@ -112,20 +112,28 @@ class C10dCommunicator : public Communicator {
   }
 
   void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) override {
+    StartAllGatherInto(shard, output)->Wait();
+  }
+
+  std::unique_ptr<PendingCollective> StartAllGatherInto(at::Tensor shard, at::Tensor output) override {
     const int64_t n = size();
     if (!output.is_contiguous() || output.numel() != shard.numel() * n ||
         output.scalar_type() != shard.scalar_type()) {
       throw std::invalid_argument(absl::StrCat("AllGatherInto: blocks of ", shard.numel(), " into ",
                                                output.numel(), " elements over ", n, " ranks"));
     }
+    auto pending = std::make_unique<Pending>(this, Collective::kAllGather);
     // A copy of the shard, which may be a block of `output` itself.
-    std::vector<at::Tensor> input{ForTheWire(shard).clone()};
+    at::Tensor input = ForTheWire(shard).clone();
     at::Tensor flat = ForTheWire(output);
+    if (!flat.is_same(output)) pending->finish = [flat, output]() mutable { output.copy_(flat); };
+    pending->tensors = {input, flat};
+    std::vector<at::Tensor> inputs{input};
     std::vector<std::vector<at::Tensor>> outputs{flat.view({n, -1}).unbind(0)};
     c10d::AllgatherOptions o;
     o.timeout = options_.timeout;
-    Run(Collective::kAllGather, [&] { return group_->allgather(outputs, input, o); });
-    if (!flat.is_same(output)) output.copy_(flat);
+    pending->Start([&] { return group_->allgather(outputs, inputs, o); });
+    return pending;
   }
 
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override {
@@ -397,6 +405,16 @@ void CountingCommunicator::AllReduce(at::Tensor& t, ReduceOp op) {
 std::unique_ptr<PendingCollective> Communicator::StartAllReduce(at::Tensor t) {
   AllReduce(t);
   return std::make_unique<DoneCollective>();
+}
+
+std::unique_ptr<PendingCollective> Communicator::StartAllGatherInto(at::Tensor shard, at::Tensor output) {
+  AllGatherInto(shard, output);
+  return std::make_unique<DoneCollective>();
+}
+
+std::unique_ptr<PendingCollective> CountingCommunicator::StartAllGatherInto(at::Tensor shard, at::Tensor output) {
+  Record(Collective::kAllGather, TensorBytes(shard));
+  return inner_->StartAllGatherInto(std::move(shard), std::move(output));
 }
 
 std::unique_ptr<PendingCollective> CountingCommunicator::StartAllReduce(at::Tensor t) {

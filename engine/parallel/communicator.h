@@ -69,6 +69,10 @@ class Communicator {
   // shard.numel() elements) in rank order; `shard` may be output's own
   // block. Each rank receives (size() - 1) / size() of `output`.
   virtual void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) = 0;
+  // The same, started: returns at once where the backend runs collectives
+  // in the background (Gloo, NCCL); `shard` and `output` must be left alone
+  // until Wait() returns.
+  virtual std::unique_ptr<PendingCollective> StartAllGatherInto(at::Tensor shard, at::Tensor output);
   // Every rank's `t`, concatenated along `dim` in rank order.
   virtual at::Tensor AllGather(const at::Tensor& t, int64_t dim) = 0;
   // `t` from `root` to every rank, in place.
@@ -159,6 +163,7 @@ class CountingCommunicator : public Communicator {
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor t) override;
   std::unique_ptr<PendingCollective> StartReduceScatter(at::Tensor input, at::Tensor output) override;
   void AllGatherInto(const at::Tensor& shard, const at::Tensor& output) override;
+  std::unique_ptr<PendingCollective> StartAllGatherInto(at::Tensor shard, at::Tensor output) override;
   at::Tensor AllGather(const at::Tensor& t, int64_t dim) override;
   void Broadcast(at::Tensor& t, int root) override;
   void Barrier() override;

@@ -186,6 +186,9 @@ TEST(ParallelTrainerTest, ShardedTrainingReproducesUnshardedTraining) {
       // The auto policy prefetches a chunk's shard a period ahead, as each
       // rank's own plan says; the gather stays where every rank runs it.
       EXPECT_GT(full.memory.prefetch_hits, 0);
+      // Where every rank did, the next period's gathers started beside
+      // this one's compute.
+      EXPECT_GT(full.memory.gathers_ahead, 0);
     }
   }
 }
