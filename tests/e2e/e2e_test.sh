@@ -242,26 +242,23 @@ grep -q '^ferry_eval_loss [0-9]' "$WORK/metrics-eval.txt" || fail "/metrics has 
 PAR_SET="train.steps=15,model.dropout=0.1"
 SOLO="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET -o json | json "d['id']")"
 "$FERRY" watch "$SOLO" >/dev/null 2>&1 || fail "the one-rank reference job failed"
-TP="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET,parallel.tensor=2 -o json | json "d['id']")"
-"$FERRY" watch "$TP" >"$WORK/tp.txt" 2>&1 || fail "the tensor-parallel job failed: $(tail -3 "$WORK/tp.txt")"
-[ -e "$WORK/state/jobs/$TP/worker.rank1.log" ] || fail "no second rank ran"
-"$PY" - "$("$FERRY" get "$SOLO" -o json | json "d['progress']['loss']")" \
-  "$("$FERRY" get "$TP" -o json | json "d['progress']['loss']")" <<'PYEOF' || fail "tensor parallel changed the training"
+# Two tensor ranks, and two data ranks with everything sharded
+# (parallel.shard: full): the same loss.
+for RUN in "tensor:parallel.tensor=2:two tensor ranks" \
+  "full:parallel.data=2,parallel.shard=full:two fully sharded data ranks"; do
+  IFS=: read -r NAME SET WHAT <<<"$RUN"
+  ID="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET,$SET -o json | json "d['id']")"
+  "$FERRY" watch "$ID" >"$WORK/$NAME.txt" 2>&1 || fail "the $WHAT job failed: $(tail -3 "$WORK/$NAME.txt")"
+  [ -e "$WORK/state/jobs/$ID/worker.rank1.log" ] || fail "no second rank ran ($WHAT)"
+  "$PY" - "$WHAT" "$("$FERRY" get "$SOLO" -o json | json "d['progress']['loss']")" \
+    "$("$FERRY" get "$ID" -o json | json "d['progress']['loss']")" <<'PYEOF' || fail "$WHAT changed the training"
 import sys
-one, two = map(float, sys.argv[1:])
-print(f"final loss: one rank {one:.8f}, two tensor ranks {two:.8f}")
+what, one, two = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+print(f"final loss: one rank {one:.8f}, {what} {two:.8f}")
 assert abs(one - two) < 1e-5
 PYEOF
-# Two data ranks, everything sharded (parallel.shard: full): the same loss.
-FULL="$("$FERRY" submit "$EXAMPLE" --set=$PAR_SET,parallel.data=2,parallel.shard=full -o json | json "d['id']")"
-"$FERRY" watch "$FULL" >"$WORK/full.txt" 2>&1 || fail "the fully sharded job failed: $(tail -3 "$WORK/full.txt")"
-"$PY" - "$("$FERRY" get "$SOLO" -o json | json "d['progress']['loss']")" \
-  "$("$FERRY" get "$FULL" -o json | json "d['progress']['loss']")" <<'PYEOF' || fail "full sharding changed the training"
-import sys
-one, two = map(float, sys.argv[1:])
-print(f"final loss: one rank {one:.8f}, two fully sharded data ranks {two:.8f}")
-assert abs(one - two) < 1e-5
-PYEOF
+  if [ "$NAME" = tensor ]; then TP="$ID"; fi
+done
 # Every rank's shard has its placement.
 "$FERRY" memory "$TP" --rank=1 >"$WORK/rank1.txt" || fail "ferry memory --rank=1 failed"
 head -1 "$WORK/rank1.txt" | grep -q "$TP rank 1 of 2  auto policy" || fail "ferry memory --rank=1: $(head -1 "$WORK/rank1.txt")"
