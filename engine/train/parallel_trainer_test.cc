@@ -24,10 +24,12 @@ class LossRecorder : public TrainingObserver {
   void OnStep(const StepReport& r) override {
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
+    skipped.push_back(r.skipped);
     memory = r.memory_stats;
   }
   std::vector<double> losses;
   std::vector<double> norms;
+  std::vector<bool> skipped;
   // The last step's.
   StepMemoryStats memory;
   // What the rank's data group sent over the run, by collective.
@@ -99,12 +101,15 @@ LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, Memory
   return recorders[0];
 }
 
-// `got` trained as `want` did: the same losses and gradient norms (relative
-// for norms above 1), step by step, within `tolerance`.
+// `got` trained as `want` did: the same steps skipped (fp16 overflow), and
+// the same losses and gradient norms (relative for norms above 1), step by
+// step, within `tolerance`.
 void ExpectSameTraining(const LossRecorder& got, const LossRecorder& want, double tolerance) {
   ASSERT_EQ(got.losses.size(), want.losses.size());
+  EXPECT_EQ(got.skipped, want.skipped);
   for (size_t s = 0; s < want.losses.size(); ++s) {
     EXPECT_NEAR(got.losses[s], want.losses[s], tolerance) << "step " << s + 1;
+    if (want.skipped[s]) continue;  // (the norm is infinite)
     EXPECT_NEAR(got.norms[s], want.norms[s], tolerance * std::max(1.0, want.norms[s])) << "step " << s + 1;
   }
 }
@@ -190,6 +195,37 @@ TEST(ParallelTrainerTest, ShardedTrainingReproducesUnshardedTraining) {
       // this one's compute.
       EXPECT_GT(full.memory.gathers_ahead, 0);
     }
+  }
+}
+
+// fp16 with a loss scale that overflows at first, and clipping that bites:
+// each rank sees only its shard of the gradients, yet every shard level
+// skips the same steps (the data group sums the shards' squared norms, so an
+// overflow anywhere is an overflow everywhere) and clips by the same global
+// norm, as the unsharded ranks do.
+TEST(ParallelTrainerTest, Fp16OverflowAndClippingAreTheSameAtEveryShardLevel) {
+  SimulatedDevice device(uint64_t{8} << 30);
+  TrainOptions train = Options();
+  train.steps = 12;
+  train.precision = TrainOptions::Precision::kFp16;
+  train.loss_scale = 1048576.0;  // 2^20: the first gradients overflow fp16
+  train.grad_clip = 0.05;
+  const LossRecorder whole = TrainParallel(&device, 1, 2, {}, train);
+  ASSERT_EQ(whole.skipped.size(), 12u);
+  ASSERT_TRUE(whole.skipped[0]);
+  int updated = 0, clipped = 0;
+  for (size_t s = 0; s < whole.skipped.size(); ++s) {
+    if (whole.skipped[s]) continue;
+    ++updated;
+    if (whole.norms[s] > train.grad_clip) ++clipped;
+  }
+  ASSERT_GT(updated, 2) << "the scale comes down until the gradients fit";
+  ASSERT_GT(clipped, 0) << "clipping is active";
+  for (auto level : {MemoryOptions::Shard::kOptimizer, MemoryOptions::Shard::kFull}) {
+    SCOPED_TRACE(level == MemoryOptions::Shard::kFull ? "full" : "optimizer");
+    MemoryOptions memory;
+    memory.shard = level;
+    ExpectSameTraining(TrainParallel(&device, 1, 2, memory, train), whole, 1e-5);
   }
 }
 
