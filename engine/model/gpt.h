@@ -27,7 +27,7 @@ namespace ferry {
 
 // How the model computes. With fp32 weights everything is plain fp32. With
 // reduced-precision weights (fp16, bf16) activations are kept in that type;
-// layer norms and softmax always compute in fp32; and with `upcast` (for
+// layer norms, softmax and GELU always compute in fp32; and with `upcast` (for
 // devices without fast kernels for the type: a CPU in fp16, or in bf16
 // without bf16 arithmetic) matrix products compute in fp32 too, their
 // results stored reduced. Without it they compute in the reduced type (fp32

@@ -208,6 +208,38 @@ class ShapeOnlyCommunicator : public Communicator {
   int rank_, size_;
 };
 
+// In bf16, the MLP's GELU computes in fp32 and rounds once, forward and
+// backward, whether or not the products upcast: exactly what autograd gives
+// for the GELU of the widened values, rounded back.
+TEST(GptTest, ReducedGeluComputesInFp32AndRoundsOnce) {
+  ShapeOnlyCommunicator alone(0, 1);
+  GptConfig config = SmallConfig();
+  config.dropout = 0;
+  for (bool upcast : {false, true}) {
+    SCOPED_TRACE(upcast ? "upcast" : "native");
+    torch::manual_seed(3);
+    auto mode = std::make_shared<ComputeMode>();
+    mode->dtype = torch::kBFloat16;
+    mode->upcast = upcast;
+    Mlp mlp(config, mode, &alone);
+    mlp->to(torch::kBFloat16);
+    mlp->eval();
+    const torch::Tensor x = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16).requires_grad_();
+    const torch::Tensor g = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16);
+    torch::Tensor out = mlp->forward(x);
+    out.backward(g);
+    const torch::Tensor dx = x.grad().clone();
+
+    const torch::Tensor x2 = x.detach().clone().requires_grad_();
+    const torch::Tensor up = mlp->c_fc->forward(x2);
+    const torch::Tensor hidden = at::gelu(up.to(torch::kFloat), "tanh").to(torch::kBFloat16);
+    torch::Tensor want = mlp->c_proj->forward(hidden);
+    want.backward(g);
+    EXPECT_TRUE(torch::equal(out, want));
+    EXPECT_TRUE(torch::equal(dx, x2.grad()));
+  }
+}
+
 // The daemon lays out chunks from GptParameterShapes without LibTorch: it
 // must be the real model's named_parameters, name by name, in order, with
 // each rank's element counts.
