@@ -397,7 +397,10 @@ void PlacementPolicy::Apply() {
 }
 
 void PlacementPolicy::ForgetPeriod() {
+  // Nothing gathered is current: not even what was gathered ahead.
   FinishGathers();
+  gathered_ahead_.clear();
+  gathering_for_ = -1;
   last_period_ = -1;
 }
 
