@@ -113,6 +113,19 @@ ChunkManager::ChunkManager(MemoryDevice* device, const MemoryOptions& options, c
   for (Chunk& chunk : table_.chunks) {
     for (Payload& p : chunk.payloads) store_.InitDevice(p);
   }
+  for (size_t i = 0; i < table_.tensors.size(); ++i) {
+    tensor_of_[table_.tensors[i].param.unsafeGetTensorImpl()] = static_cast<int>(i);
+  }
+}
+
+bool ChunkManager::Claim(const at::Tensor& param) {
+  const auto it = tensor_of_.find(param.unsafeGetTensorImpl());
+  if (it == tensor_of_.end()) return false;
+  ManagedTensor& t = table_.tensors[static_cast<size_t>(it->second)];
+  t.grad_claimed = true;  // from the next start of its gradients on
+  if (!t.grad_unwritten) return false;
+  t.grad_unwritten = false;
+  return true;
 }
 
 ChunkManager::~ChunkManager() = default;
@@ -325,6 +338,13 @@ void ChunkManager::PostBackward(int stage) {
       ready = ready && table_.tensors[static_cast<size_t>(i)].state == TensorState::kReadyForReduce;
     }
     if (!ready) continue;
+    // Complete: what no claim wrote is zero.
+    for (int i : chunk.tensors) {
+      ManagedTensor& t = table_.tensors[static_cast<size_t>(i)];
+      if (!t.grad_unwritten) continue;
+      t.param.grad().zero_();
+      t.grad_unwritten = false;
+    }
     // Before the last micro-batch the gradients are not complete: they
     // stay to be added to.
     if (last_micro_batch()) {
@@ -391,7 +411,10 @@ void ChunkManager::BeginStep(const std::vector<int64_t>& batch_shape, int micro_
     chunk.grad_started = false;
     chunk.grad_reduced = false;
   }
-  for (ManagedTensor& t : table_.tensors) t.uses_left = t.backward_uses;
+  for (ManagedTensor& t : table_.tensors) {
+    t.uses_left = t.backward_uses;
+    t.grad_unwritten = false;
+  }
   backward_started_.assign(table_.stages.size(), false);
   backward_done_.assign(table_.stages.size(), false);
   reducer_.BeginStep();

@@ -54,8 +54,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/common/gradient_claims.h"
 #include "engine/memory/chunk_layout.h"
 #include "engine/memory/chunk_optimizer.h"
 #include "engine/memory/chunk_table.h"
@@ -84,7 +86,7 @@ struct ManagerGroups {
   Communicator* data = nullptr;
 };
 
-class ChunkManager {
+class ChunkManager : public GradientClaims {
  public:
   // Takes over `params` (their data moves into chunks, whose host-side
   // copies start with the parameters' current values; each parameter's own
@@ -103,7 +105,12 @@ class ChunkManager {
                                                               const OptimizerOptions& optimizer,
                                                               ManagerGroups groups = {},
                                                               const FillProgress& on_filled = nullptr);
-  ~ChunkManager();
+  ~ChunkManager() override;
+
+  // The gradients of managed parameters whose writer claimed them in an
+  // earlier step start unwritten (no zeroing pass); one that is not claimed
+  // is zeroed when its chunk's backward is complete. Others: false.
+  bool Claim(const at::Tensor& param) override;
 
   // Starts a step: `micro_batches` forward/backward passes (each ended by
   // FinishBackward), then OptimizerStep. `batch_shape` is one micro-batch's;
@@ -219,6 +226,8 @@ class ChunkManager {
   ChunkOptimizer optimizer_;
   ChunkValues values_;
   DiskStats disk_at_step_start_;
+  // The managed tensor of each parameter, for Claim.
+  absl::flat_hash_map<const c10::TensorImpl*, int> tensor_of_;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> stage_fns_;  // this step
   std::vector<bool> backward_started_;  // per stage, this micro-batch
   std::vector<bool> backward_done_;     // per stage, this micro-batch

@@ -1,6 +1,7 @@
 #include "engine/memory/chunk_manager.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include <dirent.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -1168,6 +1170,128 @@ TEST(ChunkManagerTest, AnOverflowInOneMicroBatchSkipsTheUpdate) {
       for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(after[i], before[i])) << i;
     }
     EXPECT_FALSE(step(3, -1).skipped) << "the next update goes ahead";
+  }
+}
+
+// A product that writes its weight's gradient where the weight keeps it, as
+// the GPT's linear layers do: overwriting it where `claims` says it holds
+// nothing yet, else adding to it. `write` false: it gives the weight no
+// gradient at all (as a frozen layer's).
+struct ClaimingProduct : public torch::autograd::Function<ClaimingProduct> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               int64_t claims, bool write) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["weight"] = w;
+    ctx->saved_data["claims"] = claims;
+    ctx->saved_data["write"] = write;
+    return x.matmul(w.t());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    if (ctx->saved_data["write"].toBool()) {
+      const torch::Tensor param = ctx->saved_data["weight"].toTensor();
+      const torch::Tensor product = grads[0].t().mm(saved[0]);
+      auto* claims = reinterpret_cast<GradientClaims*>(ctx->saved_data["claims"].toInt());
+      if (claims != nullptr && claims->Claim(param)) {
+        param.grad().copy_(product);
+      } else {
+        param.grad().add_(product);
+      }
+    }
+    return {grads[0].matmul(saved[1]), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Chunk buffers come back full of NaNs: whatever is read of them before it
+// is written shows.
+class PoisonedDevice : public SimulatedDevice {
+ public:
+  using SimulatedDevice::SimulatedDevice;
+  c10::DataPtr AllocateDevice(size_t bytes) override {
+    c10::DataPtr data = SimulatedDevice::AllocateDevice(bytes);
+    if (data.get() != nullptr) std::memset(data.get(), 0xff, bytes);
+    return data;
+  }
+};
+
+// Counts the claims that found a gradient unwritten; passes them to
+// `manager`, or with none never claims (every gradient zeroed first).
+struct CountedClaims : public GradientClaims {
+  bool Claim(const at::Tensor& param) override {
+    const bool claimed = manager != nullptr && manager->Claim(param);
+    claimed_this_step += claimed ? 1 : 0;
+    return claimed;
+  }
+  ChunkManager* manager = nullptr;
+  int claimed_this_step = 0;
+};
+
+// Gradients claimed in an earlier step start unwritten -- on a device whose
+// fresh memory is NaN -- and are overwritten by their products; one no
+// product writes is zero once its chunk's backward is complete. Training is
+// bit for bit the training with every gradient zeroed and added to, with
+// the chunks staying on the device and moving.
+TEST(ChunkManagerTest, ClaimedGradientsAreWrittenNotZeroedAndTrainTheSame) {
+  for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16})
+  for (uint64_t capacity : {kAmple, 2 * TightCapacity()}) {
+    SCOPED_TRACE(absl::StrCat(c10::toString(dtype), capacity == kAmple ? " ample" : " tight"));
+    std::vector<float> losses[2];
+    std::vector<torch::Tensor> values[2];
+    for (int claiming = 0; claiming < 2; ++claiming) {
+      PoisonedDevice device(capacity);
+      ToyModel model;
+      OptimizerOptions optimizer;
+      optimizer.param_dtype = dtype;
+      MemoryOptions options;
+      options.chunk_elements = 1100;
+      auto manager = ChunkManager::Create(&device, model.Params(), ToyModel::Stages(), options, optimizer);
+      ASSERT_TRUE(manager.ok()) << manager.status();
+      CountedClaims claims;
+      if (claiming == 1) claims.manager = manager->get();
+      const int unwritten_step = 3;  // l3's product writes no gradient
+      uint64_t moved = 0;
+      for (int step = 1; step <= 5; ++step) {
+        torch::Tensor target;
+        torch::Tensor x = Batch(step, &target).to(dtype);
+        (*manager)->BeginStep({8, 16});
+        claims.claimed_this_step = 0;
+        const int64_t handle = reinterpret_cast<int64_t>(&claims);
+        for (int s = 0; s < 4; ++s) {
+          x = (*manager)->RunStage(s, x, [&](const torch::Tensor& in) {
+            if (s == 1) return torch::tanh(ClaimingProduct::apply(in, model.l2->weight, handle, true) + model.l2->bias);
+            if (s == 2) {
+              return torch::tanh(ClaimingProduct::apply(in, model.l3->weight, handle, step != unwritten_step) +
+                                 model.l3->bias);
+            }
+            torch::Tensor y = model.Stage(s, in);
+            return s == 3 ? torch::mse_loss(y.to(at::kFloat), target) : y;
+          });
+        }
+        losses[claiming].push_back(x.item<float>());
+        x.backward();
+        ASSERT_TRUE((*manager)->FinishBackward().ok());
+        if (step == unwritten_step) {
+          EXPECT_TRUE(torch::equal(model.l3->weight.grad(), torch::zeros_like(model.l3->weight.grad())))
+              << "a gradient no product wrote is zero";
+        }
+        (*manager)->OptimizerStep(step, 0.01, /*max_grad_norm=*/0.0);
+        const StepMemoryStats stats = (*manager)->EndStep();
+        if (step > 1) moved += stats.host_to_device_bytes + stats.device_to_host_bytes;
+        // Claims are learned in the warm-up: from the next step on, each
+        // product's claim finds its gradient unwritten.
+        const int expected = claiming == 0 || step == 1 ? 0 : step == unwritten_step ? 1 : 2;
+        EXPECT_EQ(claims.claimed_this_step, expected) << "step " << step;
+      }
+      values[claiming] = (*manager)->ParameterValues();
+      if (capacity != kAmple) EXPECT_GT(moved, 0u) << "the tight device moves chunks";
+    }
+    for (size_t i = 0; i < losses[0].size(); ++i) {
+      EXPECT_TRUE(std::isfinite(losses[1][i])) << "step " << i + 1;
+      EXPECT_EQ(losses[1][i], losses[0][i]) << "step " << i + 1;
+    }
+    ASSERT_EQ(values[1].size(), values[0].size());
+    for (size_t i = 0; i < values[0].size(); ++i) EXPECT_TRUE(torch::equal(values[1][i], values[0][i])) << i;
   }
 }
 

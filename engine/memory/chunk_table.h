@@ -90,7 +90,8 @@ struct Chunk {
   // made after a warm-up is applied.
   ChunkClass chunk_class = ChunkClass::kStreamed;
   Payload payloads[kPayloadKinds];
-  // This step: gradients zeroed and accumulating; complete and reduced.
+  // This step: gradients started (zeroed, or left for their claims) and
+  // accumulating; complete and reduced.
   bool grad_started = false;
   bool grad_reduced = false;
   // The optimizer states hold values (after the first update; from the
@@ -121,6 +122,11 @@ struct ManagedTensor {
   int uses_left = 0;
   // Whole on every rank of the tensor group (false: a tensor-parallel shard).
   bool replicated = true;
+  // Its gradient's writer claims it (GradientClaims): a step's gradients
+  // leave it unwritten at their start, `grad_unwritten` until the claim or,
+  // where none comes, until its chunk's backward is complete (then zeroed).
+  bool grad_claimed = false;
+  bool grad_unwritten = false;
 };
 
 struct ChunkTable {

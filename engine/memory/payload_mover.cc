@@ -1,5 +1,6 @@
 #include "engine/memory/payload_mover.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <vector>
@@ -59,6 +60,23 @@ void PayloadMover::Evict(Payload& p, bool keep_values) {
   store_->Release(p);
 }
 
+void PayloadMover::StartGradients(const Chunk& chunk, Payload& p) {
+  std::vector<ManagedTensor*> claimed;
+  for (int i : chunk.tensors) {
+    ManagedTensor& t = table_->tensors[static_cast<size_t>(i)];
+    if (t.grad_claimed) claimed.push_back(&t);
+  }
+  std::sort(claimed.begin(), claimed.end(),
+            [](const ManagedTensor* a, const ManagedTensor* b) { return a->offset < b->offset; });
+  int64_t from = 0;
+  for (ManagedTensor* t : claimed) {
+    if (t->offset > from) p.device.narrow(0, from, t->offset - from).zero_();
+    from = t->offset + t->numel;
+    t->grad_unwritten = true;
+  }
+  if (p.device.numel() > from) p.device.narrow(0, from, p.device.numel() - from).zero_();
+}
+
 void PayloadMover::Fetch(Payload& p, bool prefetch) {
   Chunk& chunk = table_->chunk(p.chunk);
   AwaitUpdate(chunk);
@@ -72,7 +90,7 @@ void PayloadMover::Fetch(Payload& p, bool prefetch) {
   store_->Materialize(p);
   p.device_whole = true;
   if (p.kind == PayloadKind::kGrad && !chunk.grad_started) {
-    p.device.zero_();  // this step's gradients start here
+    StartGradients(chunk, p);
     chunk.grad_started = true;
     p.host_valid = false;
     p.disk_valid = false;

@@ -41,6 +41,10 @@ class PayloadMover {
   void Materialize(Payload& p) { store_->Materialize(p); }
 
  private:
+  // This step's gradients start in `p`, just made resident: zero, but for
+  // the tensors whose writers claim them, left unwritten (grad_unwritten).
+  void StartGradients(const Chunk& chunk, Payload& p);
+
   MemoryDevice* device_;
   PayloadStore* store_;
   ChunkTable* table_;

@@ -32,12 +32,60 @@ DropoutSlice BatchSlice(const ComputeMode& m) {
   return m.batch_whole > 0 ? DropoutSlice().Along(0, m.batch_whole, m.batch_offset) : DropoutSlice();
 }
 
+// x W^T + b whose backward puts W's gradient where W keeps it -- a chunk's
+// view, say -- by the product itself: C += G^T X, or C = G^T X where
+// `claims` says C holds nothing yet. No [out, in] temporary for autograd to
+// add, no separate pass over the gradient. Where W has no gradient of the
+// product's type, it is returned for autograd to keep, as at::linear's
+// backward would.
+struct Linear : public torch::autograd::Function<Linear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& b, bool biased, int64_t claims) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["weight"] = w;  // the parameter itself, for its .grad()
+    ctx->saved_data["bias"] = biased;
+    ctx->saved_data["claims"] = claims;
+    return at::linear(x, w, biased ? b : at::Tensor());
+  }
+  // A custom function's tensor inputs must all be defined: no bias is an
+  // empty one.
+  static at::Tensor Apply(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GradientClaims* claims) {
+    return apply(x, w, b.defined() ? b : at::empty({0}, w.options()), b.defined(), reinterpret_cast<int64_t>(claims));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = grads[0].matmul(w);
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor rows = x.reshape({-1, x.size(-1)});
+      at::Tensor into = ctx->saved_data["weight"].toTensor().grad();
+      if (into.defined() && into.scalar_type() == g.scalar_type() && into.device() == g.device() &&
+          into.is_contiguous()) {
+        auto* claims = reinterpret_cast<GradientClaims*>(ctx->saved_data["claims"].toInt());
+        if (claims != nullptr && claims->Claim(ctx->saved_data["weight"].toTensor())) {
+          at::mm_out(into, g.t(), rows);
+        } else {
+          into.addmm_(g.t(), rows);
+        }
+      } else {
+        grad_w = g.t().mm(rows);
+      }
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_b = g.sum(0);
+    return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor()};
+  }
+};
+
 // x W^T + b as the model computes it: in fp32 from reduced values when
 // upcasting. Reads the mode at each call: it changes with SetComputeMode.
 LinearFn Dense(std::shared_ptr<const ComputeMode> mode) {
   return [mode](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     const ComputeMode& m = *mode;
-    if (!Reduced(m) || !m.upcast) return at::linear(x, w, b);
+    if (!Reduced(m) || !m.upcast) return Linear::Apply(x, w, b, m.claims);
     return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : b).to(m.dtype);
   };
 }
@@ -334,7 +382,7 @@ torch::Tensor GptImpl::HeadLoss(const torch::Tensor& x, const torch::Tensor& tar
   if (tensor_->size() > 1) return Loss(Head(x), targets);
   const torch::Tensor normed = Norm(x, ln_f, *mode_);
   return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), wte->weight, targets.reshape({-1}),
-                            /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast);
+                            /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast, mode_->claims);
 }
 
 torch::Tensor GptImpl::LastLogits(const torch::Tensor& x) {

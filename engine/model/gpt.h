@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/gradient_claims.h"
 #include "engine/model/dropout.h"
 #include "engine/model/gpt_config.h"
 #include "engine/parallel/communicator.h"
@@ -41,6 +42,9 @@ struct ComputeMode {
   // would in the global batch.
   int64_t batch_whole = 0;
   int64_t batch_offset = 0;
+  // Set: the products that make the parameters' gradients ask it whether
+  // to write or add them (the memory manager's; it outlives the mode's use).
+  GradientClaims* claims = nullptr;
 };
 
 // Multi-head self-attention where position t attends to positions <= t.

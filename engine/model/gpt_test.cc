@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -177,6 +178,55 @@ TEST(GptTest, GradientsReachEveryParameter) {
   model->Loss(model->forward(tokens), targets).backward();
   for (const auto& item : model->named_parameters()) {
     ASSERT_TRUE(item.value().grad().defined()) << item.key();
+  }
+}
+
+// Claims every parameter whose product asks, once each.
+struct ClaimAll : public GradientClaims {
+  bool Claim(const at::Tensor& param) override {
+    return claimed.insert(param.unsafeGetTensorImpl()).second;
+  }
+  std::set<const c10::TensorImpl*> claimed;
+};
+
+// The linear layers and the head write their weights' gradients where the
+// weights keep them: a claimed gradient is overwritten with the product,
+// one not claimed is added to, as autograd adds to a gradient that exists.
+TEST(GptTest, ProductsWriteOrAddTheWeightsGradientsInPlace) {
+  GptConfig config = SmallConfig();
+  config.vocab_size = 5000;  // two slices of the head's 4096 rows
+  torch::manual_seed(5);
+  Gpt model(config);
+  const torch::Tensor tokens = torch::randint(0, config.vocab_size, {2, 12}, torch::kLong);
+  const torch::Tensor targets = torch::randint(0, config.vocab_size, {2, 12}, torch::kLong);
+  auto backward = [&] {
+    torch::Tensor x = model->Embed(tokens);
+    for (int64_t i = 0; i < model->block_count(); ++i) x = model->block(i).forward(x);
+    model->HeadLoss(x, targets).backward();
+  };
+  backward();  // no gradients yet: autograd keeps what the products return
+  std::vector<torch::Tensor> want;
+  for (const auto& p : model->parameters()) want.push_back(p.grad().clone());
+  for (bool claiming : {true, false}) {
+    SCOPED_TRACE(claiming ? "claimed" : "added to");
+    for (const auto& p : model->parameters()) p.grad().fill_(1.0);
+    ClaimAll all;
+    ComputeMode mode = model->compute_mode();
+    mode.claims = claiming ? &all : nullptr;
+    model->SetComputeMode(mode);
+    backward();
+    size_t i = 0;
+    for (const auto& item : model->named_parameters()) {
+      const torch::Tensor& got = item.value().grad();
+      if (all.claimed.count(item.value().unsafeGetTensorImpl()) > 0) {
+        EXPECT_TRUE(torch::equal(got, want[i])) << item.key() << " is overwritten";
+      } else {
+        EXPECT_TRUE(torch::allclose(got, want[i] + 1, 1e-6, 1e-6)) << item.key() << " is added to";
+      }
+      ++i;
+    }
+    // Every linear layer's weight and the (tied) head's; nothing else.
+    EXPECT_EQ(all.claimed.size(), claiming ? size_t(4 * config.layers + 1) : 0u);
   }
 }
 

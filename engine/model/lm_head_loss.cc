@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 
 namespace ferry {
@@ -28,7 +29,7 @@ at::Tensor Product(const at::Tensor& a, const at::Tensor& b_rows, c10::ScalarTyp
 
 struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& targets, int64_t slice_rows, bool native) {
+                            const at::Tensor& targets, int64_t slice_rows, bool native, int64_t claims) {
     native = native && x.scalar_type() != at::kFloat;
     const c10::ScalarType type = x.scalar_type();
     const at::Tensor xc = Operand(x, native);
@@ -55,6 +56,7 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     ctx->saved_data["slice_rows"] = slice_rows;
     ctx->saved_data["native"] = native;
     ctx->saved_data["weight"] = weight;
+    ctx->saved_data["claims"] = claims;
     return (lse - target_logit).mean();
   }
 
@@ -79,7 +81,11 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
     // to it in place, as autograd would add the whole: no W-sized temporary.
     const at::Tensor param = ctx->saved_data["weight"].toTensor();
     const bool in_place = param.grad().defined();
-    at::Tensor grad_w = in_place ? param.grad() : at::zeros_like(weight);
+    at::Tensor grad_w = in_place ? param.grad() : at::empty_like(weight);
+    // Where it holds nothing yet, each slice is written rather than added:
+    // the slices cover every row.
+    auto* claims = reinterpret_cast<GradientClaims*>(ctx->saved_data["claims"].toInt());
+    const bool fresh = !in_place || (claims != nullptr && claims->Claim(param));
     for (int64_t v0 = 0; v0 < vocab; v0 += slice_rows) {
       const int64_t n = std::min(slice_rows, vocab - v0);
       const at::Tensor w = Operand(weight.narrow(0, v0, n), native);
@@ -91,17 +97,23 @@ struct SlicedHeadLoss : public torch::autograd::Function<SlicedHeadLoss> {
                                    .unsqueeze(1));
       g = native ? (g * scale).to(type) : AsComputed(g * scale, type);
       grad_x.add_(at::matmul(g, w).to(at::kDouble));
-      grad_w.narrow(0, v0, n).add_(at::matmul(g.t(), xc).to(grad_w.scalar_type()));
+      const at::Tensor part = at::matmul(g.t(), xc).to(grad_w.scalar_type());
+      if (fresh) {
+        grad_w.narrow(0, v0, n).copy_(part);
+      } else {
+        grad_w.narrow(0, v0, n).add_(part);
+      }
     }
-    return {grad_x.to(type), in_place ? at::Tensor() : grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x.to(type), in_place ? at::Tensor() : grad_w, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor LmHeadCrossEntropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                              int64_t slice_rows, bool native) {
-  return SlicedHeadLoss::apply(x, weight, targets, std::max<int64_t>(1, slice_rows), native);
+                              int64_t slice_rows, bool native, GradientClaims* claims) {
+  return SlicedHeadLoss::apply(x, weight, targets, std::max<int64_t>(1, slice_rows), native,
+                               reinterpret_cast<int64_t>(claims));
 }
 
 }  // namespace ferry

@@ -26,12 +26,16 @@
 
 #include <cstdint>
 
+#include "engine/common/gradient_claims.h"
+
 namespace ferry {
 
 // The mean cross-entropy of the logits x W^T against `targets`: x is
 // [rows, hidden], W [vocab, hidden] (same type), targets [rows] (int64).
-// `slice_rows` vocabulary rows are computed at a time.
+// `slice_rows` vocabulary rows are computed at a time. W's gradient is
+// added in place where W has one, or written there where `claims` says it
+// holds nothing yet.
 at::Tensor LmHeadCrossEntropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                              int64_t slice_rows = 4096, bool native = false);
+                              int64_t slice_rows = 4096, bool native = false, GradientClaims* claims = nullptr);
 
 }  // namespace ferry

@@ -519,6 +519,10 @@ class ChunkedEngine : public StepEngine {
     };
     ASSIGN_OR_RETURN(manager_, ChunkManager::Create(device_, std::move(params), std::move(stages), memory,
                                                     optimizer, groups_, on_filled));
+    // The model's products write the chunks' gradients (gradient_claims.h).
+    ComputeMode claiming = model_->compute_mode();
+    claiming.claims = manager_.get();
+    model_->SetComputeMode(claiming);
     const ChunkLayout& layout = manager_->layout();
     observer_->OnLog(LogLevel::kInfo,
                      absl::StrFormat("memory: %d chunks of %d elements (%.2f%% unused), %s policy on %s "
