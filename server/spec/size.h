@@ -16,6 +16,7 @@ namespace ferry {
 // ("1.5GiB"). INVALID_ARGUMENT for anything else, negative sizes and sizes
 // beyond 2^63 bytes.
 absl::StatusOr<uint64_t> ParseSize(absl::string_view text);
+constexpr uint64_t kMaxSizeBytes = uint64_t{1} << 63;  // the largest it reads
 
 // The largest binary unit that keeps the number >= 1, one decimal place when
 // it is not whole: "512 MiB", "1.5 GiB", "100 B".

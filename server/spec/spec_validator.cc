@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -327,6 +328,17 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, 
   fraction("memory.static_param_host_fraction", m.static_param_host_fraction(), 1.0);
   fraction("memory.static_optimizer_host_fraction", m.static_optimizer_host_fraction(), 1.0);
   fraction("memory.margin", m.margin(), 0.9);
+  // A job file says no more (ParseSize): a larger size could not be read
+  // back from the spec a worker is handed.
+  for (const auto& [field, bytes] : {std::pair<const char*, uint64_t>{"device_budget", m.device_budget()},
+                                     {"host_budget", m.host_budget()},
+                                     {"chunk_size", m.chunk_size()},
+                                     {"disk_budget", m.disk_budget()}}) {
+    if (bytes > kMaxSizeBytes) {
+      p.Invalid(absl::StrCat("memory.", field, ": ", bytes, " bytes is beyond any machine; use at most 8 EiB "
+                             "(2^63 bytes), or leave it unset"));
+    }
+  }
   if (m.chunk_size() > 0 && m.chunk_size() < 4096) {
     p.Invalid(absl::StrCat("memory.chunk_size: ", FormatSize(m.chunk_size()),
                            " is too small; use at least 4KiB, or leave it unset to let Ferry choose"));

@@ -749,6 +749,30 @@ TEST(SpecLimitsTest, StringsAreBounded) {
   EXPECT_LT(resolved.status().message().size(), 200u);
 }
 
+// A size a job file cannot say (over 2^63 bytes; an API client can send
+// one) is refused, so that every accepted spec reads back from its JSON
+// form (found by job_spec_proto_fuzzer: a device budget of 2^63 + 2^35).
+TEST(SpecLimitsTest, SizesBeyondWhatAJobFileCanSayAreRefused) {
+  for (const char* field : {"device_budget", "host_budget", "chunk_size", "disk_budget"}) {
+    SCOPED_TRACE(field);
+    JobSpec spec = Resolved("data: {synthetic: {}}");
+    auto* m = spec.mutable_memory();
+    const uint64_t huge = (uint64_t{1} << 63) + (uint64_t{1} << 35);
+    const std::string name = field;
+    if (name == "device_budget") m->set_device_budget(huge);
+    if (name == "host_budget") m->set_host_budget(huge);
+    if (name == "chunk_size") m->set_chunk_size(huge);
+    if (name == "disk_budget") m->set_disk_budget(huge);
+    MachineFacts machine = Machine();
+    machine.host_memory_bytes = 0;  // the checks against a machine's memory do not run
+    const absl::Status s = ValidateSpec(spec, machine);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("memory.", field, ": ", huge, " bytes is beyond any machine")),
+              std::string::npos)
+        << s;
+  }
+}
+
 TEST(SpecLimitsTest, BudgetsAreCheckedAgainstTheDevice) {
   MachineFacts gpu = Machine();
   gpu.device_memory_bytes = 8 * kGiB;
