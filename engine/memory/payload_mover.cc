@@ -53,6 +53,7 @@ void PayloadMover::Evict(Payload& p, bool keep_values) {
       p.host_filled = device_->CopyToHost(from, p.host, p.host_filled);
       p.host_valid = true;
       stats_->device_to_host_bytes += static_cast<uint64_t>(from.nbytes());
+      homeward_bytes_ += p.bytes;
     }
     stats_->transfer_seconds += SecondsSince(start);
     if (p.home == Tier::kDisk) stats_->device_to_host_bytes += p.bytes;

@@ -8,6 +8,9 @@
 //
 // Not thread-safe: one training loop drives it.
 
+#include <cstdint>
+#include <utility>
+
 #include "engine/memory/chunk_table.h"
 #include "engine/memory/memory_device.h"
 #include "engine/memory/payload_store.h"
@@ -39,6 +42,10 @@ class PayloadMover {
   // Device memory for the payload's copy (stale until filled): nothing if it
   // has some. Throws c10::OutOfMemoryError as the device does.
   void Materialize(Payload& p) { store_->Materialize(p); }
+  // Device bytes given back since the last call whose copies home were
+  // written behind (Evict): memory in use until those copies are done.
+  // Counted from what was evicted, not from how far the copies have got.
+  uint64_t TakeHomewardBytes() { return std::exchange(homeward_bytes_, 0); }
 
  private:
   // This step's gradients start in `p`, just made resident: zero, but for
@@ -50,6 +57,7 @@ class PayloadMover {
   ChunkTable* table_;
   PeriodTracer* tracer_;
   StepMemoryStats* stats_;
+  uint64_t homeward_bytes_ = 0;
 };
 
 }  // namespace ferry

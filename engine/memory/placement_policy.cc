@@ -54,22 +54,39 @@ std::vector<Payload*> PlacementPolicy::Needed(int period) {
   return needed;
 }
 
-uint64_t PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep) {
+uint64_t PlacementPolicy::MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep,
+                                   uint64_t homeward) {
   // Room for the period's predicted non-model memory too, even when its
   // chunks are all here already: chunks kept from earlier periods must not
   // crowd out the activations.
   const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
-  const double in_use =
-      double(tracer_->Predicted(period)) + double(table_->DeviceModelBytes()) + double(unusable_bytes_);
-  // Memory given back while its copies home run (gradients sent to the
-  // host in the backward) is still in use: where the period may need it,
-  // the copies finish first. The warm-up and static placement, which
-  // predict nothing, always wait.
+  const auto in_use = [&] {
+    return double(tracer_->Predicted(period)) + double(table_->DeviceModelBytes()) + double(unusable_bytes_);
+  };
+  if (!adaptive()) {
+    // The warm-up and static placement, which predict nothing, wait for
+    // every copy home.
+    if (device_->releasing_bytes() > 0) WaitForReleases();
+    return 0;
+  }
+  // Memory given back since the last period with its copy home written
+  // behind (the backward's gradients, sent to the host as each completes)
+  // is in use until that copy is done. Rather than compute waiting for it,
+  // payloads that need no copy home leave in its place, farthest next use
+  // first: the period's room never waits on a copy just issued, and the
+  // next period gets the memory back. Decided from what was sent, not from
+  // how far the copies have got.
+  uint64_t evicted = 0;
+  const double over = in_use() + double(bytes) + double(homeward) - limit;
+  if (homeward > 0 && over > 0) {
+    evicted += EvictFrom(static_cast<uint64_t>(over), period, keep, /*pinned=*/false, /*clean_only=*/true);
+  }
+  // Where the period may still need memory that waits for copies, they
+  // finish first.
   const uint64_t releasing = device_->releasing_bytes();
-  if (releasing > 0 && (!adaptive() || in_use + double(bytes) + double(releasing) > limit)) WaitForReleases();
-  if (!adaptive()) return 0;
-  if (in_use + double(bytes) <= limit) return 0;
-  return EvictFor(static_cast<uint64_t>(in_use + double(bytes) - limit), period, keep);
+  if (releasing > 0 && in_use() + double(bytes) + double(releasing) > limit) WaitForReleases();
+  if (in_use() + double(bytes) <= limit) return evicted;
+  return evicted + EvictFor(static_cast<uint64_t>(in_use() + double(bytes) - limit), period, keep);
 }
 
 uint64_t PlacementPolicy::EvictFor(uint64_t short_by, int period, const std::vector<Payload*>& keep) {
@@ -81,7 +98,8 @@ uint64_t PlacementPolicy::EvictFor(uint64_t short_by, int period, const std::vec
   return evicted;
 }
 
-uint64_t PlacementPolicy::EvictFrom(uint64_t short_by, int period, const std::vector<Payload*>& keep, bool pinned) {
+uint64_t PlacementPolicy::EvictFrom(uint64_t short_by, int period, const std::vector<Payload*>& keep, bool pinned,
+                                    bool clean_only) {
   std::vector<EvictionCandidate> candidates;
   std::vector<Payload*> handles;
   for (Chunk& chunk : table_->chunks) {
@@ -93,6 +111,8 @@ uint64_t PlacementPolicy::EvictFrom(uint64_t short_by, int period, const std::ve
       c.next_use_distance = NextUseDistance(p.uses, period, table_->cycle());
       c.dead = !p.device_valid || !table_->Preserve(p);
       c.clean = c.dead || p.host_valid || p.disk_valid;
+      // Only what leaves at once: no copy home, no update to wait for.
+      if (clean_only && (!c.clean || chunk.update != nullptr)) continue;
       candidates.push_back(c);
       handles.push_back(&p);
     }
@@ -106,8 +126,8 @@ uint64_t PlacementPolicy::EvictFrom(uint64_t short_by, int period, const std::ve
     tracer_->CountEviction(period);
   }
   // An evicted payload's device memory is free once its copy home is done:
-  // the room is made when they are.
-  if (device_->releasing_bytes() > 0) WaitForReleases();
+  // the room is made when they are (nothing went home from a clean one).
+  if (!clean_only && device_->releasing_bytes() > 0) WaitForReleases();
   return evicted;
 }
 
@@ -161,7 +181,8 @@ void PlacementPolicy::Prepare(int period, const std::vector<Payload*>& needed) {
   for (const Payload* p : needed) {
     if (!p->resident) to_allocate += p->bytes;
   }
-  MakeRoom(to_allocate, period, needed);
+  homeward_bytes_ = mover_->TakeHomewardBytes();
+  MakeRoom(to_allocate, period, needed, homeward_bytes_);
   for (Payload* p : needed) {
     Allocate(*p, period, needed);
     mover_->Fetch(*p, /*prefetch=*/false);
@@ -181,8 +202,10 @@ void PlacementPolicy::Prefetch(int period) {
   if (!adaptive() || !options_.prefetch) return;
   const int next = (period + 1) % table_->cycle();
   const double limit = double(device_->capacity_bytes()) * (1.0 - options_.margin);
+  // Memory whose copies home were just issued (see MakeRoom) is no room.
   double room = limit - double(std::max(tracer_->Predicted(period), tracer_->Predicted(next))) -
-                double(table_->DeviceModelBytes()) - double(unusable_bytes_);
+                double(table_->DeviceModelBytes()) - double(unusable_bytes_) - double(homeward_bytes_);
+  std::vector<Payload*> keep;  // what this period and the next use, once needed
   for (Payload* p : Needed(next)) {
     // Only what has a host copy to bring: gradients start on the device.
     if ((p->resident && p->device_valid) || !p->host_valid || p->kind == PayloadKind::kGrad) continue;
@@ -192,6 +215,20 @@ void PlacementPolicy::Prefetch(int period) {
     // A resident copy to refresh (a pinned chunk's parameters after an
     // update on the host) needs no room.
     const double needs = p->resident ? 0.0 : double(p->bytes);
+    // Short of room, what the next period's own preparation would evict
+    // leaves now, so that the copy runs beside this period's compute: among
+    // what neither period uses and needs no copy home, the farthest next
+    // use first (the device full of kept weights, each period's weights
+    // would otherwise come only when it waits for them).
+    if (needs > room) {
+      if (keep.empty()) {
+        keep = Needed(period);
+        const std::vector<Payload*> upcoming = Needed(next);
+        keep.insert(keep.end(), upcoming.begin(), upcoming.end());
+      }
+      room += double(EvictFrom(static_cast<uint64_t>(needs - room), period, keep, /*pinned=*/false,
+                               /*clean_only=*/true));
+    }
     if (needs > room) continue;
     // Memory still waiting for its copies home is room only once they are
     // done: a prefetch that needs it waits for them (as MakeRoom does), so

@@ -4,7 +4,8 @@
 // warm-up has traced the step (placement_plan.h does the arithmetic), and in
 // every period brings the chunks the period needs to the device, making room
 // by evicting the payload whose next use is farthest (eviction.h), and
-// prefetching the next period's chunks when room allows.
+// prefetching the next period's chunks, evicting for them what needs no copy
+// home.
 //
 // static keeps fixed fractions of the chunks on the device; auto plans from
 // the trace. During a warm-up every chunk streams: fetched for the period
@@ -87,15 +88,19 @@ class PlacementPolicy {
  private:
   // Evicts what keeps `bytes` more and the period's predicted non-model
   // memory from fitting (under auto, after the warm-up); returns the bytes
-  // evicted.
-  uint64_t MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep);
+  // evicted. `homeward`: device bytes given back since the last period
+  // whose copies home may still run (PayloadMover::TakeHomewardBytes).
+  uint64_t MakeRoom(uint64_t bytes, int period, const std::vector<Payload*>& keep, uint64_t homeward);
   // Evicts at least `short_by` bytes of resident payloads other than
   // `keep`, farthest next use first, those the plan pins last (as far as
   // there are any); returns the bytes evicted.
   uint64_t EvictFor(uint64_t short_by, int period, const std::vector<Payload*>& keep);
   // The same among the payloads the plan pins on the device or among the
   // others.
-  uint64_t EvictFrom(uint64_t short_by, int period, const std::vector<Payload*>& keep, bool pinned);
+  // `clean_only`: only payloads that leave at once (nothing to copy home,
+  // no update running), without waiting for any copy.
+  uint64_t EvictFrom(uint64_t short_by, int period, const std::vector<Payload*>& keep, bool pinned,
+                     bool clean_only = false);
   // Device memory for `p` (see the retries in the .cc); throws the device's
   // out-of-memory error if even evicting everything else evictable leaves
   // no room.
@@ -129,6 +134,8 @@ class PlacementPolicy {
   // The device's fragments as measured before the current period
   // (MemoryDevice::unusable_bytes): room the placement keeps for them.
   uint64_t unusable_bytes_ = 0;
+  // Device bytes sent home since the period before (MakeRoom).
+  uint64_t homeward_bytes_ = 0;
   bool accumulates_ = false;
   Communicator* weight_shards_;
   // The period prepared last (-1: none, or forgotten).

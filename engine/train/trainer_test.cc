@@ -406,6 +406,35 @@ TEST(TrainerTest, PrefetchedChunksAreCopiedWhileComputeRuns) {
   EXPECT_GT(overlapped, 0);
 }
 
+// Under auto, where the next period's weights find no room, what neither
+// this period nor the next uses and needs no copy home (weights whose host
+// copy is current, farthest next use first) leaves at once, so that the
+// next period's weights are copied beside this period's compute instead of
+// when that period asks for them. Counts, not times: which fetches are
+// prefetches does not depend on how fast the copies run.
+TEST(TrainerTest, KeptWeightsMakeWayForTheNextPeriodsPrefetches) {
+  for (TrainOptions::Precision precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
+    TrainOptions train = Small(6);
+    train.precision = precision;
+    auto ample = Train(SixLayers(), train, kAmple, MemoryOptions());
+    ASSERT_TRUE(ample->status.ok()) << ample->status;
+    const uint64_t streamed = PlannedNeed(ample->observer.placement, false);
+    ASSERT_LT(streamed * 3 / 2, PlannedNeed(ample->observer.placement, true)) << "the device must be short of room";
+    auto tight = Train(SixLayers(), train, streamed * 3 / 2, MemoryOptions());
+    ASSERT_TRUE(tight->status.ok()) << tight->status;
+    EXPECT_EQ(tight->observer.Losses(), ample->observer.Losses());
+    int hits = 0, misses = 0;
+    for (size_t s = 2; s < tight->observer.reports.size(); ++s) {
+      hits += tight->observer.reports[s].memory_stats.prefetch_hits;
+      misses += tight->observer.reports[s].memory_stats.prefetch_misses;
+    }
+    // Waiting for the period that needs room to evict, about half came on
+    // demand (132 of 268 prefetched in fp32, 124 of 224 in bf16); making
+    // way ahead, 192 of 272 and 180 of 224.
+    EXPECT_GE(3 * hits, 2 * (hits + misses)) << hits << " prefetched, " << misses << " fetched on demand";
+  }
+}
+
 TEST(TrainerTest, AutoCompletesWhereStaticRunsOutOfMemory) {
   auto ample = Train(SixLayers(), Small(6), kAmple, MemoryOptions());
   ASSERT_TRUE(ample->status.ok()) << ample->status;
