@@ -10,6 +10,17 @@
 // x tokens a step; recomputation and attention scores not counted) and its
 // share of the GEMM rate of the job's type, and where a step went.
 //
+// Beside each run, its floor: the two parts of its step that no schedule
+// hides when the device is the host's own cores, each timed alone at the
+// job's sizes in the same run. They are the step's matrix products at its
+// shapes (batch x seq tokens against every weight, forward and backward)
+// and the optimizer's update of every parameter (the CPU kernel, in the
+// job's types). Both share the cores with everything else, so a step can
+// be no shorter than their sum; elementwise work, the attention scores and
+// the simulated device's copies come on top. Also per run: the bytes a
+// steady step moved between host and device, and how long the copy
+// engines were busy with them.
+//
 //   bazel run -c opt //bench:scale [-- --quick] [--steps=N]
 //
 // --quick (under three minutes) runs smaller models. Writes
@@ -20,6 +31,7 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -36,6 +48,7 @@
 #include "engine/common/host_info.h"
 #include "engine/device/device.h"
 #include "engine/model/gpt_config.h"
+#include "engine/optim/cpu_adam.h"
 
 ABSL_FLAG(bool, quick, false, "Smaller models (under three minutes).");
 ABSL_FLAG(int64_t, steps, 4, "Steps a run, the warm-up included.");
@@ -71,7 +84,83 @@ struct Result {
   std::vector<double> losses, seconds;
   double step_seconds = 0, tokens_per_second = 0, achieved_flops = 0, fraction_of_gemm = 0;
   StepSplit split;
+  // Medians over the steady steps.
+  double moved_bytes = 0, copy_seconds = 0;
+  // The floor (above): products and update, each alone.
+  double floor_products = 0, floor_update = 0;
 };
+
+// Seconds for the forward and backward products of `count` linear layers
+// [in -> out] at `tokens` rows, in `type`: X W^T, then G W and G^T X. The
+// weights rotate through four of them, so that they come from memory as a
+// streamed layer's do rather than from the cache.
+double ProductSeconds(int64_t tokens, int64_t in, int64_t out, at::ScalarType type, int64_t count) {
+  const at::TensorOptions options = at::TensorOptions().dtype(type);
+  std::vector<at::Tensor> weights;
+  for (int i = 0; i < 4; ++i) weights.push_back(at::randn({out, in}, options.dtype(at::kFloat)).to(type));
+  const at::Tensor x = at::randn({tokens, in}, options.dtype(at::kFloat)).to(type);
+  const at::Tensor g = at::randn({tokens, out}, options.dtype(at::kFloat)).to(type);
+  at::Tensor y = at::empty({tokens, out}, options), dx = at::empty({tokens, in}, options);
+  at::Tensor dw = at::empty({out, in}, options);
+  auto layer = [&](const at::Tensor& w) {
+    at::mm_out(y, x, w.t());
+    at::mm_out(dx, g, w);
+    at::mm_out(dw, g.t(), x);
+  };
+  for (const at::Tensor& w : weights) layer(w);
+  const int reps = 8;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) layer(weights[i % weights.size()]);
+  const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  return each * double(count);
+}
+
+// Seconds for the products of one step of `model` at `tokens` rows: the
+// blocks' four linear layers and the tied head (the sliced head computes
+// the same products a slice at a time).
+double StepProductSeconds(const GptConfig& model, int64_t tokens, at::ScalarType type) {
+  const int64_t h = model.hidden;
+  return ProductSeconds(tokens, h, 3 * h, type, model.layers) + ProductSeconds(tokens, h, h, type, model.layers) +
+         ProductSeconds(tokens, h, 4 * h, type, model.layers) + ProductSeconds(tokens, 4 * h, h, type, model.layers) +
+         ProductSeconds(tokens, h, model.vocab_size, type, 1);
+}
+
+// Seconds for one AdamW update of `parameters` values on the host, timed
+// over 64 Mi of them (more than any cache) and scaled: fp32 weights, or
+// mixed (bf16 gradients in, fp32 master weights updated and rounded to
+// bf16 copies).
+double UpdateSeconds(int64_t parameters, bool mixed) {
+  const int64_t n = std::min<int64_t>(parameters, int64_t(64) << 20);
+  std::vector<float> master(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<uint16_t> low_grad(mixed ? n : 0, 0x3c00), copy(mixed ? n : 0, 0);
+  std::vector<float> grad(mixed ? 0 : n, 0.25f);
+  CpuAdamBuffers b;
+  b.master = master.data();
+  b.exp_avg = m.data();
+  b.exp_avg_sq = v.data();
+  b.numel = n;
+  if (mixed) {
+    b.grad = low_grad.data();
+    b.grad_type = LowType::kBFloat16;
+    b.copy = copy.data();
+    b.copy_type = LowType::kBFloat16;
+  } else {
+    b.grad = grad.data();
+  }
+  AdamWHyper hyper;
+  hyper.lr = 1e-4;
+  hyper.weight_decay = 0.1;
+  const std::vector<DecaySegment> decay = {{0, n}};
+  CpuAdamWStep(b, decay, hyper, BestSimdPath());
+  const int reps = 3;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) {
+    hyper.step = i + 2;
+    CpuAdamWStep(b, decay, hyper, BestSimdPath());
+  }
+  const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  return each * double(parameters) / double(n);
+}
 
 Result RunJob(const Job& job) {
   Result result;
@@ -102,7 +191,7 @@ Result RunJob(const Job& job) {
       Trainer(model, train, engine, std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &observer).Run();
   if (!status.ok()) result.error = std::string(status.message());
   const std::vector<StepReport>& r = observer.reports;
-  std::vector<double> compute, optimizer, disk, transfer, tokens;
+  std::vector<double> compute, optimizer, disk, transfer, tokens, moved, copies;
   for (size_t i = 0; i < r.size(); ++i) {
     result.losses.push_back(r[i].loss);
     if (i == 0) continue;  // the warm-up
@@ -112,6 +201,13 @@ Result RunJob(const Job& job) {
     optimizer.push_back(s.optimizer);
     disk.push_back(s.exposed_disk);
     transfer.push_back(s.exposed_transfer);
+    const StepMemoryStats& m = r[i].memory_stats;
+    moved.push_back(double(m.host_to_device_bytes + m.device_to_host_bytes));
+    copies.push_back(m.copy_seconds);
+  }
+  if (!moved.empty()) {
+    result.moved_bytes = Median(moved);
+    result.copy_seconds = Median(copies);
   }
   result.step_seconds = Median(result.seconds);
   result.split = {Median(compute), Median(optimizer), Median(disk), Median(transfer)};
@@ -135,6 +231,8 @@ const char* MatmulName(const Job& job) {
   }
   return CpuHasBf16Arithmetic() ? "bf16 native" : "bf16 in fp32";
 }
+
+bool NativeBf16(const Job& job) { return std::string(MatmulName(job)) == "bf16 native"; }
 
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
@@ -180,6 +278,13 @@ int Run() {
       results.push_back(RunJob(job));
     }
     if (!results.back().error.empty()) std::fprintf(stderr, "  failed: %s\n", results.back().error.c_str());
+    // The floor, once the job's simulated device is gone (its memory is the
+    // host's again).
+    Result& r = results.back();
+    GptConfig model = *GptPreset(job.preset);
+    model.seq_len = job.seq_len;
+    r.floor_products = StepProductSeconds(model, job.batch * job.seq_len, NativeBf16(job) ? at::kBFloat16 : at::kFloat);
+    r.floor_update = UpdateSeconds(r.parameters, job.precision == TrainOptions::Precision::kBf16);
   }
   std::fprintf(stderr, "scale: measuring the GEMM rate again\n");
   const double fp32_after = MeasureMatmulFlops(c10::Device(c10::kCPU), at::kFloat, 1024, 1.0);
@@ -212,9 +317,19 @@ int Run() {
         ",\n     \"losses\": ", JsonList(r.losses), ", \"step_seconds_all\": ", JsonList(r.seconds),
         absl::StrFormat(",\n     \"step_seconds\": %.4f, \"tokens_per_second\": %.2f, \"achieved_flops\": %.4g, "
                         "\"fraction_of_gemm\": %.4f,\n     \"step_split\": {\"compute\": %.3f, \"optimizer\": %.3f, "
-                        "\"exposed_disk\": %.3f, \"exposed_transfer\": %.3f}}",
+                        "\"exposed_disk\": %.3f, \"exposed_transfer\": %.3f}",
                         r.step_seconds, r.tokens_per_second, r.achieved_flops, r.fraction_of_gemm, r.split.compute,
-                        r.split.optimizer, r.split.exposed_disk, r.split.exposed_transfer)));
+                        r.split.optimizer, r.split.exposed_disk, r.split.exposed_transfer),
+        absl::StrFormat(",\n     \"floor_seconds\": {\"products\": %.3f, \"update\": %.3f}, \"moved_bytes\": %.4g, "
+                        "\"copy_seconds\": %.3f}",
+                        r.floor_products, r.floor_update, r.moved_bytes, r.copy_seconds)));
+  }
+  std::printf("\n%-46s %9s %9s %9s %11s %12s %12s\n", "floor: each part alone, this run (s)", "products", "update",
+              "sum", "step/floor", "moved/step", "copies busy");
+  for (const Result& r : results) {
+    const double floor = r.floor_products + r.floor_update;
+    std::printf("%-46s %9.3f %9.3f %9.3f %10.2fx %9.2f GB %10.3f s\n", r.job.name.c_str(), r.floor_products,
+                r.floor_update, floor, floor > 0 ? r.step_seconds / floor : 0.0, r.moved_bytes / 1e9, r.copy_seconds);
   }
   // The same job with the two kinds of bf16 products, and with the
   // optimizer overlapped or at the step's end, in this run.
