@@ -410,12 +410,24 @@ TEST(TrainerTest, PrefetchedChunksAreCopiedWhileComputeRuns) {
 // this period nor the next uses and needs no copy home (weights whose host
 // copy is current, farthest next use first) leaves at once, so that the
 // next period's weights are copied beside this period's compute instead of
-// when that period asks for them. Counts, not times: which fetches are
-// prefetches does not depend on how fast the copies run.
+// when that period asks for them. Counts, not times: with the update at
+// the step's end, which fetches are prefetches does not depend on how fast
+// the copies run (the same counts under ThreadSanitizer).
 TEST(TrainerTest, KeptWeightsMakeWayForTheNextPeriodsPrefetches) {
-  for (TrainOptions::Precision precision : {TrainOptions::Precision::kFp32, TrainOptions::Precision::kBf16}) {
+  // The share of steady fetches that must be prefetch hits: halfway between
+  // waiting for the period that needs room to evict (96 of 268 prefetched
+  // in fp32, 56 of 224 in bf16) and making way ahead (132 of 272, 76 of
+  // 224).
+  const std::pair<TrainOptions::Precision, double> cases[] = {{TrainOptions::Precision::kFp32, 0.42},
+                                                              {TrainOptions::Precision::kBf16, 0.30}};
+  for (const auto& [precision, share] : cases) {
     TrainOptions train = Small(6);
     train.precision = precision;
+    // Updates at the step's end: beside the forward, whether a chunk's
+    // update is done when its prefetch comes depends on timing (such a
+    // chunk is fetched by the period that needs it), and so would the
+    // counts below.
+    train.overlap_optimizer = false;
     auto ample = Train(SixLayers(), train, kAmple, MemoryOptions());
     ASSERT_TRUE(ample->status.ok()) << ample->status;
     const uint64_t streamed = PlannedNeed(ample->observer.placement, false);
@@ -428,10 +440,7 @@ TEST(TrainerTest, KeptWeightsMakeWayForTheNextPeriodsPrefetches) {
       hits += tight->observer.reports[s].memory_stats.prefetch_hits;
       misses += tight->observer.reports[s].memory_stats.prefetch_misses;
     }
-    // Waiting for the period that needs room to evict, about half came on
-    // demand (132 of 268 prefetched in fp32, 124 of 224 in bf16); making
-    // way ahead, 192 of 272 and 180 of 224.
-    EXPECT_GE(3 * hits, 2 * (hits + misses)) << hits << " prefetched, " << misses << " fetched on demand";
+    EXPECT_GE(double(hits), share * double(hits + misses)) << hits << " prefetched, " << misses << " fetched on demand";
   }
 }
 
