@@ -12,7 +12,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -21,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "bench/bench_output.h"
+#include "bench/timing.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -35,22 +35,6 @@ ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/adam.js
 
 namespace ferry {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Fastest of `runs` timed calls after one untimed: on a shared machine,
-// noise only ever slows a run down.
-template <typename Fn>
-double Time(int runs, Fn&& fn) {
-  fn();
-  double best = 1e300;
-  for (int i = 0; i < runs; ++i) {
-    const auto start = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  return best;
-}
 
 // A GPT's parameter shapes, layers added until about `params` in all.
 std::vector<std::vector<int64_t>> GptShapes(int64_t params) {

@@ -31,7 +31,6 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -45,6 +44,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/bench_output.h"
 #include "bench/sim_trial.h"
+#include "bench/timing.h"
 #include "engine/common/host_info.h"
 #include "engine/device/device.h"
 #include "engine/model/gpt_config.h"
@@ -102,16 +102,13 @@ double ProductSeconds(int64_t tokens, int64_t in, int64_t out, at::ScalarType ty
   const at::Tensor g = at::randn({tokens, out}, options.dtype(at::kFloat)).to(type);
   at::Tensor y = at::empty({tokens, out}, options), dx = at::empty({tokens, in}, options);
   at::Tensor dw = at::empty({out, in}, options);
-  auto layer = [&](const at::Tensor& w) {
+  size_t next = 0;
+  const double each = Time(8, [&] {
+    const at::Tensor& w = weights[next++ % weights.size()];
     at::mm_out(y, x, w.t());
     at::mm_out(dx, g, w);
     at::mm_out(dw, g.t(), x);
-  };
-  for (const at::Tensor& w : weights) layer(w);
-  const int reps = 8;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) layer(weights[i % weights.size()]);
-  const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  });
   return each * double(count);
 }
 
@@ -151,14 +148,10 @@ double UpdateSeconds(int64_t parameters, bool mixed) {
   hyper.lr = 1e-4;
   hyper.weight_decay = 0.1;
   const std::vector<DecaySegment> decay = {{0, n}};
-  CpuAdamWStep(b, decay, hyper, BestSimdPath());
-  const int reps = 3;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) {
-    hyper.step = i + 2;
+  const double each = Time(3, [&] {
+    ++hyper.step;
     CpuAdamWStep(b, decay, hyper, BestSimdPath());
-  }
-  const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  });
   return each * double(parameters) / double(n);
 }
 
@@ -191,7 +184,7 @@ Result RunJob(const Job& job) {
       Trainer(model, train, engine, std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &observer).Run();
   if (!status.ok()) result.error = std::string(status.message());
   const std::vector<StepReport>& r = observer.reports;
-  std::vector<double> compute, optimizer, disk, transfer, tokens, moved, copies;
+  std::vector<double> compute, optimizer, disk, transfer, moved, copies;
   for (size_t i = 0; i < r.size(); ++i) {
     result.losses.push_back(r[i].loss);
     if (i == 0) continue;  // the warm-up
@@ -205,12 +198,10 @@ Result RunJob(const Job& job) {
     moved.push_back(double(m.host_to_device_bytes + m.device_to_host_bytes));
     copies.push_back(m.copy_seconds);
   }
-  if (!moved.empty()) {
-    result.moved_bytes = Median(moved);
-    result.copy_seconds = Median(copies);
-  }
   result.step_seconds = Median(result.seconds);
   result.split = {Median(compute), Median(optimizer), Median(disk), Median(transfer)};
+  result.moved_bytes = Median(moved);
+  result.copy_seconds = Median(copies);
   if (result.step_seconds > 0) {
     const double step_tokens = double(job.batch * job.seq_len);
     result.tokens_per_second = step_tokens / result.step_seconds;
@@ -219,20 +210,24 @@ Result RunJob(const Job& job) {
   return result;
 }
 
-const char* MatmulName(const Job& job) {
-  if (job.precision != TrainOptions::Precision::kBf16) return "fp32";
+// Whether the job's bf16 products run in bf16 (rather than in fp32).
+bool NativeBf16(const Job& job) {
+  if (job.precision != TrainOptions::Precision::kBf16) return false;
   switch (job.bf16_matmul) {
     case TrainOptions::CpuBf16Matmul::kNative:
-      return "bf16 native";
+      return true;
     case TrainOptions::CpuBf16Matmul::kFp32:
-      return "bf16 in fp32";
+      return false;
     case TrainOptions::CpuBf16Matmul::kAuto:
       break;
   }
-  return CpuHasBf16Arithmetic() ? "bf16 native" : "bf16 in fp32";
+  return CpuHasBf16Arithmetic();
 }
 
-bool NativeBf16(const Job& job) { return std::string(MatmulName(job)) == "bf16 native"; }
+const char* MatmulName(const Job& job) {
+  if (job.precision != TrainOptions::Precision::kBf16) return "fp32";
+  return NativeBf16(job) ? "bf16 native" : "bf16 in fp32";
+}
 
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
