@@ -66,7 +66,10 @@ class MemoryDevice {
   virtual uint64_t capacity_bytes() const = 0;
 
   // Device memory in use, model data and everything else (activations,
-  // workspace), now and at its peak since ResetPeak().
+  // workspace), now and at its peak since ResetPeak(). A block given back
+  // whose copies are still under way is not in use (as in a CUDA caching
+  // allocator's "allocated"), though it takes its room until they are done
+  // (releasing_bytes).
   virtual uint64_t allocated_bytes() const = 0;
   virtual uint64_t peak_allocated_bytes() const = 0;
   virtual void ResetPeak() = 0;

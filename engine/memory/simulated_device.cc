@@ -100,6 +100,8 @@ struct Allocation {
   size_t backing;
   bool device;
   std::shared_ptr<SimulatedMemoryCounters> counters;  // null: not counted
+  // Given back, waiting for its copies (no longer in device_allocated_bytes).
+  bool released = false;
 };
 static_assert(sizeof(Allocation) <= kAlignment, "the header must fit in front of the data");
 
@@ -111,6 +113,7 @@ void FreeAllocation(void* data) {
   Allocation* a = HeaderOf(data);
   if (a->counters) {
     (a->device ? a->counters->device_bytes : a->counters->host_bytes).fetch_sub(a->bytes);
+    if (a->device && !a->released) a->counters->device_allocated_bytes.fetch_sub(a->bytes);
   }
   const size_t backing = a->backing;
   const bool cacheable = a->device && a->bytes >= kCacheMinBytes;
@@ -141,8 +144,9 @@ class CountingCpuAllocator final : public c10::Allocator {
                                      Mib(now - bytes), slack > 0 ? absl::StrCat(" (and ", Mib(slack), " reserved unused)") : "",
                                      " of ", Mib(counters->capacity_bytes), " in use"));
       }
+      const uint64_t in_use = counters->device_allocated_bytes.fetch_add(bytes) + bytes;
       uint64_t peak = counters->device_peak_bytes.load();
-      while (now > peak && !counters->device_peak_bytes.compare_exchange_weak(peak, now)) {
+      while (in_use > peak && !counters->device_peak_bytes.compare_exchange_weak(peak, in_use)) {
       }
     } else if (counters != nullptr) {
       counters->host_bytes.fetch_add(bytes);
@@ -150,8 +154,12 @@ class CountingCpuAllocator final : public c10::Allocator {
     const size_t backing = BackingBytes(bytes);
     void* base = device && bytes >= kCacheMinBytes ? Cache().Take(backing) : nullptr;
     if (base == nullptr && posix_memalign(&base, kAlignment, backing) != 0) {
-      if (device) counters->device_bytes.fetch_sub(bytes);
-      else if (counters) counters->host_bytes.fetch_sub(bytes);
+      if (device) {
+        counters->device_bytes.fetch_sub(bytes);
+        counters->device_allocated_bytes.fetch_sub(bytes);
+      } else if (counters) {
+        counters->host_bytes.fetch_sub(bytes);
+      }
       C10_THROW_ERROR(OutOfMemoryError, absl::StrCat("host out of memory allocating ", Mib(bytes)));
     }
     new (base) Allocation{bytes, backing, device, std::move(counters)};
@@ -319,6 +327,14 @@ class CopyEngine {
       }
     }
     if (copies.empty()) return;  // `data` goes on return
+    if (bytes > 0) {
+      // No longer in use, though it takes its room until the copies are done.
+      Allocation* a = HeaderOf(data.get());
+      if (a->counters && a->device && !a->released) {
+        a->released = true;
+        a->counters->device_allocated_bytes.fetch_sub(a->bytes);
+      }
+    }
     releasing_bytes_ += bytes;
     frees_.push_back({std::move(copies), std::move(data), bytes});
   }
@@ -460,11 +476,11 @@ SimulatedDevice::~SimulatedDevice() {
   Allocator().Attach(nullptr);
 }
 
-uint64_t SimulatedDevice::allocated_bytes() const { return counters_->device_bytes.load(); }
+uint64_t SimulatedDevice::allocated_bytes() const { return counters_->device_allocated_bytes.load(); }
 uint64_t SimulatedDevice::peak_allocated_bytes() const { return counters_->device_peak_bytes.load(); }
 uint64_t SimulatedDevice::host_allocated_bytes() const { return counters_->host_bytes.load(); }
 
-void SimulatedDevice::ResetPeak() { counters_->device_peak_bytes.store(counters_->device_bytes.load()); }
+void SimulatedDevice::ResetPeak() { counters_->device_peak_bytes.store(counters_->device_allocated_bytes.load()); }
 
 c10::DataPtr SimulatedDevice::AllocateDevice(size_t bytes) {
   const bool previous = t_host_scope;

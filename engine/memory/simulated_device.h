@@ -38,7 +38,13 @@ class HostAllocationScope {
 
 // Byte counters shared by the allocator and the allocations it hands out.
 struct SimulatedMemoryCounters {
+  // Device memory taken against the capacity: blocks in use and blocks
+  // given back whose copies still read or write them.
   std::atomic<uint64_t> device_bytes{0};
+  // Of those, the blocks in use (a CUDA caching allocator's "allocated"):
+  // one given back stops counting at once, as it does there, so that what a
+  // period measures does not depend on how fast the copies ran.
+  std::atomic<uint64_t> device_allocated_bytes{0};
   std::atomic<uint64_t> device_peak_bytes{0};
   std::atomic<uint64_t> host_bytes{0};
   uint64_t capacity_bytes = 0;
