@@ -26,7 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/host_info.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/optim/cpu_adam.h"
 
 ABSL_FLAG(bool, quick, false, "One timed step per measurement (under two minutes).");

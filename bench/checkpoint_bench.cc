@@ -45,7 +45,7 @@
 #include "engine/common/host_info.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/train/trainer.h"
 
 ABSL_FLAG(bool, quick, false, "A model of about 17M parameters instead of 100M (well under a minute).");
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const bool quick = absl::GetFlag(FLAGS_quick);
 
-  GptConfig model;
+  ModelConfig model;
   model.layers = quick ? 4 : 12;
   model.hidden = quick ? 512 : 768;
   model.heads = quick ? 8 : 12;

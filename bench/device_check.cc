@@ -44,7 +44,7 @@
 #include "engine/memory/memory_device.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 
 ABSL_FLAG(std::string, device, "auto", "auto, cpu (the simulated device) or cuda[:N].");
 ABSL_FLAG(bool, quick, false, "Small models and budgets (the simulated device in CI).");
@@ -117,7 +117,7 @@ std::unique_ptr<MemoryDevice> Device(uint64_t budget) {
 }
 
 // On the device under check, with every core.
-std::unique_ptr<Trial> Train(MemoryDevice* device, const GptConfig& model, int64_t steps, int64_t batch,
+std::unique_ptr<Trial> Train(MemoryDevice* device, const ModelConfig& model, int64_t steps, int64_t batch,
                              TrainOptions::Precision precision, std::optional<MemoryOptions> memory) {
   return TrainOn(device, model, steps, batch, memory, precision, /*grad_accum_steps=*/1, HostCpuCount());
 }
@@ -168,8 +168,8 @@ Check BudgetCap(bool quick) {
   return c;
 }
 
-GptConfig Small(bool quick) {
-  GptConfig model = *GptPreset(quick ? "gpt2-mini" : "gpt2-small");
+ModelConfig Small(bool quick) {
+  ModelConfig model = *ModelPreset(quick ? "gpt2-mini" : "gpt2-small");
   model.seq_len = quick ? 64 : 256;
   model.dropout = 0;
   return model;
@@ -183,7 +183,7 @@ uint64_t StreamedNeed(const PlacementReport& r) {
 
 // The moves and overlap checks, from one tight run.
 std::vector<Check> MovesAndOverlap(bool quick) {
-  const GptConfig model = Small(quick);
+  const ModelConfig model = Small(quick);
   const int64_t batch = quick ? 4 : 8, steps = 6;
   uint64_t need = 0;
   {
@@ -243,7 +243,7 @@ std::vector<Check> MovesAndOverlap(bool quick) {
 Check OomMessage(bool quick) {
   Check c;
   c.name = "oom_message";
-  const GptConfig model = Small(quick);
+  const ModelConfig model = Small(quick);
   std::unique_ptr<MemoryDevice> device = Device(quick ? 4 * kMiB : 64 * kMiB);
   MemoryOptions memory;
   memory.policy = MemoryOptions::Policy::kStatic;
@@ -260,7 +260,7 @@ Check TrainVsCpu(bool quick) {
   Check c;
   c.name = "train_vs_cpu";
   // Small enough that the CPU's run is short on any machine.
-  GptConfig model = Small(/*quick=*/true);
+  ModelConfig model = Small(/*quick=*/true);
   const int64_t steps = quick ? 6 : 12, batch = 4;
   struct Type {
     const char* name;
@@ -308,7 +308,7 @@ uint64_t ParseBytes(const std::string& s) {
 Check Capped(bool quick) {
   Check c;
   c.name = "capped";
-  GptConfig model = *GptPreset(quick ? "gpt2-small" : absl::GetFlag(FLAGS_capped_preset));
+  ModelConfig model = *ModelPreset(quick ? "gpt2-small" : absl::GetFlag(FLAGS_capped_preset));
   model.seq_len = quick ? 32 : absl::GetFlag(FLAGS_capped_seq_len);
   const uint64_t budget = quick ? 256 * kMiB : ParseBytes(absl::GetFlag(FLAGS_capped_budget));
   const int64_t steps = quick ? 3 : absl::GetFlag(FLAGS_steps);

@@ -198,7 +198,7 @@ class EvalObserver : public TrainingObserver {
 
 struct FinetuneResult {
   std::string error;
-  GptConfig model;
+  ModelConfig model;
   int64_t pretrain_tokens = 0, finetune_tokens = 0;
   double pretrain_final_loss = 0, pretrain_seconds = 0, export_seconds = 0;
   EvalObserver from_file, from_scratch;
@@ -228,7 +228,7 @@ FinetuneResult Finetune(const std::vector<std::string>& files, const TokenizerSp
     if (out.find("pretrain") != std::string::npos) result.pretrain_tokens = stats->tokens;
     if (out.find("finetune") != std::string::npos) result.finetune_tokens = stats->tokens;
   }
-  GptConfig& model = result.model;
+  ModelConfig& model = result.model;
   model.layers = 2;
   model.hidden = 128;
   model.heads = 4;
@@ -267,7 +267,7 @@ FinetuneResult Finetune(const std::vector<std::string>& files, const TokenizerSp
     result.pretrain_seconds = observer.seconds;
     const double start = Now();
     absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-        ExportGpt2Weights(model, pretrain, *engine.memory, {&*last}, &device);
+        ExportHfWeights(model, pretrain, *engine.memory, {&*last}, &device);
     if (!tensors.ok()) return fail(tensors.status());
     std::string bytes;
     if (absl::Status s = SerializeSafetensors(*tensors, Gpt2ConfigMetadata(model), &bytes); !s.ok()) return fail(s);

@@ -35,7 +35,7 @@
 #include "bench/sim_trial.h"
 #include "engine/common/host_info.h"
 #include "engine/memory/tier_plan.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 
 ABSL_FLAG(bool, quick, false, "Smaller budgets and models (under three minutes).");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/memory.json).");
@@ -63,8 +63,8 @@ MemoryOptions Policy(MemoryOptions::Policy policy, uint64_t host_budget) {
   return m;
 }
 
-GptConfig Model(int64_t layers, int64_t hidden, int64_t vocab, int64_t seq) {
-  GptConfig c;
+ModelConfig Model(int64_t layers, int64_t hidden, int64_t vocab, int64_t seq) {
+  ModelConfig c;
   c.layers = layers;
   c.hidden = hidden;
   c.heads = hidden / 64;
@@ -156,7 +156,7 @@ CapacityResult Capacity(const CapacitySetup& s, int64_t vocab, int64_t seq, int6
     int trials = 0;
     int64_t ok_layers = 0, failed_layers = 0;
     auto attempt = [&](int64_t layers) {
-      const GptConfig model = Model(layers, h, vocab, seq);
+      const ModelConfig model = Model(layers, h, vocab, seq);
       MemoryOptions memory = Policy(s.policy, s.host_budget);
       if (s.disk_budget > 0) {
         memory.disk_dir = s.disk_dir;
@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
 
   // 2. Traffic, for one model at fractions of its model data (fp32).
   // Short sequences: model data, not activations, should fill the device.
-  const GptConfig traffic_model = quick ? Model(4, 256, 4096, 64) : Model(8, 512, 8192, 64);
+  const ModelConfig traffic_model = quick ? Model(4, 256, 4096, 64) : Model(8, 512, 8192, 64);
   const int64_t traffic_batch = 2;
   const int64_t traffic_steps = quick ? 5 : 6;
   const int64_t n = traffic_model.ParameterCount();

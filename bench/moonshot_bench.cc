@@ -41,7 +41,7 @@
 #include "engine/checkpoint/checkpoint_store.h"
 #include "engine/common/status_macros.h"
 #include "engine/common/host_info.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 
 ABSL_FLAG(bool, quick, false, "A small GPT with a host budget below its model data (under three minutes).");
 ABSL_FLAG(int64_t, steps, 5, "Steps to train, the warm-up included.");
@@ -88,13 +88,13 @@ class Progress : public Collector {
 
 // A Markov chain over the first 1024 tokens: a model that learns which
 // tokens occur at all shows it within a few steps.
-std::unique_ptr<TokenSource> Data(const GptConfig& model) {
+std::unique_ptr<TokenSource> Data(const ModelConfig& model) {
   return std::make_unique<SyntheticSource>(std::min<int64_t>(model.vocab_size, 1024), 2, 1, 1);
 }
 
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
-  GptConfig model;
+  ModelConfig model;
   uint64_t device_bytes = kGiB;
   uint64_t host_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_host_budget_gib) * double(kGiB));
   const std::string name = quick ? std::string("moonshot_quick")
@@ -112,7 +112,7 @@ int Run() {
     // must go to disk.
     host_budget = static_cast<uint64_t>(model.ParameterCount()) * 16 / 20 * 11;
   } else {
-    absl::StatusOr<GptConfig> preset = GptPreset("gpt2-xl");
+    absl::StatusOr<ModelConfig> preset = ModelPreset("gpt2-xl");
     if (!preset.ok()) {
       std::fprintf(stderr, "moonshot: %s\n", std::string(preset.status().message()).c_str());
       return 1;

@@ -42,7 +42,7 @@ struct Run {
   std::string error;
 };
 
-Run Measure(const GptConfig& model, int64_t steps, int64_t batch, int tensor, int data) {
+Run Measure(const ModelConfig& model, int64_t steps, int64_t batch, int tensor, int data) {
   Run run;
   run.tensor = tensor;
   run.data = data;
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   using namespace ferry;
   absl::ParseCommandLine(argc, argv);
   const bool quick = absl::GetFlag(FLAGS_quick);
-  GptConfig model;
+  ModelConfig model;
   model.layers = quick ? 4 : 6;
   model.hidden = quick ? 256 : 384;
   model.heads = quick ? 4 : 6;

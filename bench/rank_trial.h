@@ -39,7 +39,7 @@ struct RankTrial {
 
 // Trains `model` with `train` and `memory` as tensor x data ranks sharing
 // `device` (world rank d * tensor + t); each rank's trial, by world rank.
-inline std::vector<std::unique_ptr<RankTrial>> TrainRanks(MemoryDevice* device, const GptConfig& model,
+inline std::vector<std::unique_ptr<RankTrial>> TrainRanks(MemoryDevice* device, const ModelConfig& model,
                                                           const TrainOptions& train,
                                                           const std::optional<MemoryOptions>& memory, int tensor,
                                                           int data) {

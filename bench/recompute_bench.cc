@@ -36,7 +36,7 @@
 #include "engine/common/host_info.h"
 #include "engine/memory/placement_plan.h"
 #include "engine/memory/placement_report.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 
 ABSL_FLAG(bool, quick, false, "A narrower model, a smaller batch and fewer steps (under two minutes).");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/recompute.json).");
@@ -49,7 +49,7 @@ namespace {
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kAmple = uint64_t{64} << 30;
 
-std::unique_ptr<Trial> Train(const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes,
+std::unique_ptr<Trial> Train(const ModelConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes,
                              MemoryOptions::Recompute mode) {
   MemoryOptions memory;
   memory.recompute = mode;
@@ -96,7 +96,7 @@ std::string Blocks(const std::vector<int>& blocks) { return absl::StrJoin(blocks
 // GPT-2 small, seq 256, batch 8: the activation peak per step with the batch
 // whole and as 4 micro-batches.
 int AccumulationBench() {
-  GptConfig model;
+  ModelConfig model;
   model.layers = 12;
   model.hidden = 768;
   model.heads = 12;
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_accumulation)) return AccumulationBench();
   const bool quick = absl::GetFlag(FLAGS_quick);
 
-  GptConfig model;
+  ModelConfig model;
   model.layers = 12;
   model.seq_len = 512;
   model.hidden = quick ? 128 : 256;

@@ -47,7 +47,7 @@
 #include "bench/timing.h"
 #include "engine/common/host_info.h"
 #include "engine/device/device.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/optim/cpu_adam.h"
 
 ABSL_FLAG(bool, quick, false, "Smaller models (under three minutes).");
@@ -115,7 +115,7 @@ double ProductSeconds(int64_t tokens, int64_t in, int64_t out, at::ScalarType ty
 // Seconds for the products of one step of `model` at `tokens` rows: the
 // blocks' four linear layers and the tied head (the sliced head computes
 // the same products a slice at a time).
-double StepProductSeconds(const GptConfig& model, int64_t tokens, at::ScalarType type) {
+double StepProductSeconds(const ModelConfig& model, int64_t tokens, at::ScalarType type) {
   const int64_t h = model.hidden;
   return ProductSeconds(tokens, h, 3 * h, type, model.layers) + ProductSeconds(tokens, h, h, type, model.layers) +
          ProductSeconds(tokens, h, 4 * h, type, model.layers) + ProductSeconds(tokens, 4 * h, h, type, model.layers) +
@@ -158,7 +158,7 @@ double UpdateSeconds(int64_t parameters, bool mixed) {
 Result RunJob(const Job& job) {
   Result result;
   result.job = job;
-  GptConfig model = *GptPreset(job.preset);
+  ModelConfig model = *ModelPreset(job.preset);
   model.seq_len = job.seq_len;
   result.parameters = model.ParameterCount();
   SimulatedDevice device(job.device_bytes);
@@ -276,7 +276,7 @@ int Run() {
     // The floor, once the job's simulated device is gone (its memory is the
     // host's again).
     Result& r = results.back();
-    GptConfig model = *GptPreset(job.preset);
+    ModelConfig model = *ModelPreset(job.preset);
     model.seq_len = job.seq_len;
     r.floor_products = StepProductSeconds(model, job.batch * job.seq_len, NativeBf16(job) ? at::kBFloat16 : at::kFloat);
     r.floor_update = UpdateSeconds(r.parameters, job.precision == TrainOptions::Precision::kBf16);

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/train/trainer.h"
 
 namespace ferry {
@@ -69,7 +69,7 @@ inline StepSplit SplitOf(const StepReport& r) {
 // mixed precision needs the chunked engine); each step's batch as
 // `grad_accum_steps` micro-batches, on `threads` intra-op threads (0:
 // LibTorch's default).
-inline std::unique_ptr<Trial> TrainOn(MemoryDevice* device, const GptConfig& model, int64_t steps, int64_t batch,
+inline std::unique_ptr<Trial> TrainOn(MemoryDevice* device, const ModelConfig& model, int64_t steps, int64_t batch,
                                       std::optional<MemoryOptions> memory,
                                       TrainOptions::Precision precision = TrainOptions::Precision::kFp32,
                                       int64_t grad_accum_steps = 1, int threads = 0) {
@@ -94,7 +94,7 @@ inline std::unique_ptr<Trial> TrainOn(MemoryDevice* device, const GptConfig& mod
 
 // The same on a simulated device of `device_bytes`.
 inline std::unique_ptr<Trial> TrainOnSimulatedDevice(
-    const GptConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes, std::optional<MemoryOptions> memory,
+    const ModelConfig& model, int64_t steps, int64_t batch, uint64_t device_bytes, std::optional<MemoryOptions> memory,
     TrainOptions::Precision precision = TrainOptions::Precision::kFp32, int64_t grad_accum_steps = 1) {
   SimulatedDevice device(device_bytes);
   return TrainOn(&device, model, steps, batch, memory, precision, grad_accum_steps);

@@ -23,7 +23,7 @@
 #include "engine/data/synthetic_source.h"
 #include "engine/device/device.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/train/trainer.h"
 
 ABSL_FLAG(bool, quick, false, "Fewer steps (under a minute).");
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   for (const char* preset : {"gpt2-tiny", "gpt2-mini"}) {
     for (int threads = 1; threads <= max_threads; ++threads) {
-      ferry::GptConfig model = *ferry::GptPreset(preset);
+      ferry::ModelConfig model = *ferry::ModelPreset(preset);
       ferry::TrainOptions options;
       options.steps = steps;
       options.batch_size = 8;

@@ -59,7 +59,7 @@ struct BytesRun {
   uint64_t model_bytes() const { return kind_bytes[0] + kind_bytes[1] + kind_bytes[2]; }
 };
 
-BytesRun MeasureBytes(const GptConfig& model, int s, int data, int64_t steps) {
+BytesRun MeasureBytes(const ModelConfig& model, int s, int data, int64_t steps) {
   BytesRun run;
   run.shard = kShardNames[s];
   run.data = data;
@@ -88,7 +88,7 @@ struct CapacityRun {
   std::string refusal;  // at one layer more
 };
 
-GptConfig Sized(GptConfig model, int64_t layers) {
+ModelConfig Sized(ModelConfig model, int64_t layers) {
   model.layers = layers;
   return model;
 }
@@ -96,7 +96,7 @@ GptConfig Sized(GptConfig model, int64_t layers) {
 // Whether D = 2 ranks train `model` for two steps with every chunk on the
 // host within `host_budget` each; `peak` gets rank 0's peak host bytes for
 // model data, `error` the refusal.
-bool Trains(const GptConfig& model, int s, uint64_t host_budget, uint64_t* peak, std::string* error) {
+bool Trains(const ModelConfig& model, int s, uint64_t host_budget, uint64_t* peak, std::string* error) {
   SimulatedDevice device(uint64_t{16} << 30);
   MemoryOptions memory;
   memory.shard = kShards[s];
@@ -116,7 +116,7 @@ bool Trains(const GptConfig& model, int s, uint64_t host_budget, uint64_t* peak,
   return true;
 }
 
-CapacityRun MeasureCapacity(const GptConfig& family, int s, uint64_t host_budget) {
+CapacityRun MeasureCapacity(const ModelConfig& family, int s, uint64_t host_budget) {
   CapacityRun run;
   run.shard = kShardNames[s];
   auto attempt = [&](int64_t layers) {
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   using namespace ferry;
   absl::ParseCommandLine(argc, argv);
   const bool quick = absl::GetFlag(FLAGS_quick);
-  GptConfig model;
+  ModelConfig model;
   model.layers = quick ? 2 : 4;
   model.hidden = quick ? 128 : 256;
   model.heads = 4;
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  GptConfig family = model;
+  ModelConfig family = model;
   const uint64_t host_budget = (quick ? uint64_t{48} : uint64_t{256}) << 20;
   std::fprintf(stderr, "zero: capacity at D=2 under %llu MiB of host memory per rank\n",
                static_cast<unsigned long long>(host_budget >> 20));

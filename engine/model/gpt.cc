@@ -14,16 +14,13 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include <ATen/ATen.h>
 
 namespace ferry {
 namespace {
-
-torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(1e-5));
-}
 
 bool Reduced(const ComputeMode& m) { return m.dtype != at::kFloat; }
 
@@ -90,41 +87,76 @@ LinearFn Dense(std::shared_ptr<const ComputeMode> mode) {
   };
 }
 
-// Parameters split across the tensor group, by the dimension that is split
-// (0: rows, 1: columns); -1 for whole ones.
-int ShardedDim(const std::string& name) {
-  auto ends_with = [&](const char* suffix) {
-    const std::string s(suffix);
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  if (ends_with("c_attn.weight") || ends_with("c_attn.bias") || ends_with("c_fc.weight") ||
-      ends_with("c_fc.bias") || name == "wte.weight") {
-    return 0;
+// This rank's part of `full`, the whole model's value of parameter `name`:
+// its share of each segment of the split dimension (TensorParallelSplit).
+at::Tensor PartOf(const ModelConfig& config, const std::string& name, const at::Tensor& full,
+                  const Communicator& comm) {
+  const TensorSplit split = TensorParallelSplit(config, name);
+  if (split.dim < 0 || comm.size() == 1) return full;
+  if (split.segments.size() == 1) {
+    const Shard s = ShardOf(full.size(split.dim), comm);
+    return full.narrow(split.dim, s.begin, s.size());
   }
-  if (ends_with("c_proj.weight")) return 1;
-  return -1;
+  std::vector<at::Tensor> parts;
+  int64_t begin = 0;
+  for (int64_t n : split.segments) {
+    const Shard s = ShardOf(n, comm);
+    parts.push_back(full.narrow(split.dim, begin + s.begin, s.size()));
+    begin += n;
+  }
+  return at::cat(parts, split.dim);
 }
 
-// This rank's part of `full`, the whole model's value of parameter `name`.
-// c_attn's rows are [q; k; v], each split by heads.
-at::Tensor PartOf(const std::string& name, const at::Tensor& full, const Communicator& comm) {
-  const int dim = ShardedDim(name);
-  if (dim < 0 || comm.size() == 1) return full;
-  if (name.find("c_attn.") != std::string::npos) {
-    const int64_t hidden = full.size(0) / 3;
-    const Shard s = ShardOf(hidden, comm);
-    at::Tensor qkv = full.reshape({3, hidden, -1}).narrow(1, s.begin, s.size());
-    return full.dim() == 1 ? qkv.reshape({-1}) : qkv.reshape({3 * s.size(), full.size(1)});
+// RMSNorm over the last dimension in fp32 whatever x's type, rounded once:
+// x * rsqrt(mean(x^2) + eps) * w. Keeps only x and one fp32 value a row for
+// the backward.
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            double eps) {
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor r = xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps).rsqrt_();
+    ctx->save_for_backward({x, w, r});
+    return (xf * r).mul_(w.to(at::kFloat)).to(x.scalar_type());
   }
-  const Shard s = ShardOf(full.size(dim), comm);
-  return full.narrow(dim, s.begin, s.size());
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const at::Tensor& r = saved[2];
+    const at::Tensor g = grads[0].to(at::kFloat);
+    at::Tensor normed = x.to(at::kFloat) * r;  // never in place: x may be the saved input itself
+    at::Tensor grad_w;
+    if (ctx->needs_input_grad(1)) grad_w = (g * normed).reshape({-1, normed.size(-1)}).sum(0).to(w.scalar_type());
+    // d/dx of x r w: r (g w - normed mean(g w normed)).
+    at::Tensor gw = g * w.to(at::kFloat);
+    const at::Tensor mean = (gw * normed).mean(-1, /*keepdim=*/true);
+    at::Tensor grad_x = gw.sub_(normed.mul_(mean)).mul_(r).to(x.scalar_type());
+    return {grad_x, grad_w, at::Tensor()};
+  }
+};
+
+// [-x2, x1] of a head's halves [x1, x2].
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
 }
 
-torch::Tensor Norm(const torch::Tensor& x, torch::nn::LayerNorm ln, const ComputeMode& m) {
-  if (!Reduced(m)) return ln->forward(x);
-  return at::layer_norm(x.to(at::kFloat), ln->options.normalized_shape(), ln->weight.to(at::kFloat),
-                        ln->bias.to(at::kFloat), ln->options.eps())
-      .to(m.dtype);
+// x [batch, heads, time, head_dim] of positions [first, first + time)
+// rotated by their angles, in fp32, rounded once.
+at::Tensor Rotate(const at::Tensor& x, const RotaryTables& rotary, int64_t first) {
+  const int64_t time = x.size(2);
+  const at::Tensor cos = rotary.cos.narrow(0, first, time);
+  const at::Tensor sin = rotary.sin.narrow(0, first, time);
+  if (x.scalar_type() == at::kFloat) return x * cos + RotateHalf(x) * sin;
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * cos + RotateHalf(xf) * sin).to(x.scalar_type());
+}
+
+// SwiGLU's silu(gate) * up of reduced values, in fp32, rounded once.
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
+  if (gate.scalar_type() == at::kFloat) return at::silu(gate) * up;
+  return (at::silu(gate.to(at::kFloat)) * up.to(at::kFloat)).to(gate.scalar_type());
 }
 
 // GPT-2's GELU (the tanh approximation) of reduced values, computed in fp32
@@ -152,86 +184,177 @@ torch::Tensor MatMul(const torch::Tensor& a, const torch::Tensor& b, const Compu
 
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask,
+NormImpl::NormImpl(int64_t width, ModelConfig::Norm kind, double eps, std::shared_ptr<const ComputeMode> mode,
+                   Communicator* partial)
+    : kind_(kind), eps_(eps), mode_(std::move(mode)), partial_(partial) {
+  weight = register_parameter("weight", at::ones({width}));
+  if (kind_ == ModelConfig::Norm::kLayerNorm) bias = register_parameter("bias", at::zeros({width}));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  if (kind_ == ModelConfig::Norm::kRmsNorm) {
+    // Identity forward; the backward sums the ranks' gradients.
+    const at::Tensor w = partial_ != nullptr ? CopyToTensorRegion(weight, partial_) : weight;
+    return RmsNormFn::apply(x, w, eps_);
+  }
+  const int64_t width = weight.size(0);
+  if (!Reduced(*mode_)) return at::layer_norm(x, {width}, weight, bias, eps_);
+  return at::layer_norm(x.to(at::kFloat), {width}, weight.to(at::kFloat), bias.to(at::kFloat), eps_)
+      .to(mode_->dtype);
+}
+
+RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t positions) {
+  // As Hugging Face's rotary embedding: every step in fp32.
+  const int64_t dim = config.HeadDim();
+  at::Tensor inv_freq =
+      1.0 / at::pow(config.rope_theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) / double(dim));
+  const RopeScaling& scaling = config.rope_scaling;
+  if (scaling.type == RopeScaling::Type::kLinear) {
+    inv_freq = inv_freq / scaling.factor;
+  } else if (scaling.type == RopeScaling::Type::kLlama3) {
+    const double original = double(scaling.original_max_positions);
+    const double low_wavelength = original / scaling.low_freq_factor;
+    const double high_wavelength = original / scaling.high_freq_factor;
+    const at::Tensor wavelength = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelength > low_wavelength, inv_freq / scaling.factor, inv_freq);
+    const at::Tensor smooth =
+        (original / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
+    const at::Tensor smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled;
+    const at::Tensor medium = (wavelength < high_wavelength).logical_not() &
+                              (wavelength > low_wavelength).logical_not();
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
+  const at::Tensor angles = at::arange(positions, at::kLong).to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0);
+  const at::Tensor both = at::cat({angles, angles}, -1);
+  return {both.cos(), both.sin()};
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config, RotaryTables rotary,
                                                  std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
     : heads_(config.heads),
       local_heads_(ShardOf(config.heads, *tensor).size()),
+      local_kv_heads_(ShardOf(config.KvHeads(), *tensor).size()),
+      head_dim_(config.HeadDim()),
+      seq_len_(config.seq_len),
       tensor_(tensor),
       mode_(std::move(mode)),
-      causal_mask_(std::move(causal_mask)) {
-  // The q, k and v rows of this rank's heads (3 x hidden / T of them).
-  c_attn = register_module("c_attn", ColumnParallelLinear(config.hidden, 3 * config.hidden, tensor,
-                                                          /*gather_output=*/false, Dense(mode_)));
-  c_proj = register_module("c_proj", RowParallelLinear(config.hidden, config.hidden, tensor, Dense(mode_)));
+      rotary_(std::move(rotary)) {
+  // The q, k and v rows of this rank's heads.
+  c_attn = register_module("c_attn", ColumnParallelLinear(config.hidden, config.QkvRows(), tensor,
+                                                          /*gather_output=*/false, Dense(mode_), config.qkv_bias));
+  if (config.qk_norm) {
+    // Each rank norms its own heads with the whole weight.
+    q_norm = register_module("q_norm", Norm(head_dim_, ModelConfig::Norm::kRmsNorm, config.norm_eps, mode_, tensor));
+    k_norm = register_module("k_norm", Norm(head_dim_, ModelConfig::Norm::kRmsNorm, config.norm_eps, mode_, tensor));
+  }
+  c_proj = register_module("c_proj", RowParallelLinear(config.heads * head_dim_, config.hidden, tensor, Dense(mode_),
+                                                       config.proj_bias));
   attn_dropout_ = register_module("attn_dropout", Dropout(config.dropout));
   resid_dropout_ = register_module("resid_dropout", Dropout(config.dropout));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, KvCacheLayer* cache) {
   const int64_t batch = x.size(0);
   const int64_t time = x.size(1);
-  const int64_t head_dim = x.size(2) / heads_;
-  const int64_t hidden = local_heads_ * head_dim;  // this rank's share
+  const int64_t head_dim = head_dim_;
+  const int64_t kv_heads = local_kv_heads_;
+  const int64_t group = local_heads_ / kv_heads;  // query heads a key/value head serves
+  const int64_t first = cache != nullptr ? cache->length : 0;  // the new positions' first
+  TORCH_CHECK(first + time <= seq_len_, "attention over ", first + time, " positions, beyond seq_len ", seq_len_);
 
   const ComputeMode& m = *mode_;
-  std::vector<torch::Tensor> qkv = c_attn(x).split(hidden, /*dim=*/2);
-  auto to_heads = [&](const torch::Tensor& t) {
-    return t.view({batch, time, local_heads_, head_dim}).transpose(1, 2);  // [B, nh, T, hd]
+  std::vector<torch::Tensor> qkv =
+      c_attn(x).split_with_sizes({local_heads_ * head_dim, kv_heads * head_dim, kv_heads * head_dim}, /*dim=*/2);
+  // [batch, time, n * head_dim] -> [batch, n, time, head_dim], normed and
+  // rotated where the model does.
+  const bool rotary = rotary_.cos.defined();
+  auto to_heads = [&](const torch::Tensor& t, int64_t n, Norm norm, bool rotate) {
+    torch::Tensor h = t.view({batch, time, n, head_dim});
+    if (norm) h = norm(h);
+    h = h.transpose(1, 2);
+    return rotate ? Rotate(h, rotary_, first) : h;
   };
-  torch::Tensor q = to_heads(qkv[0]);
-  torch::Tensor k = to_heads(qkv[1]);
-  torch::Tensor v = to_heads(qkv[2]);
+  torch::Tensor q = to_heads(qkv[0], local_heads_, q_norm, rotary);
+  torch::Tensor k = to_heads(qkv[1], kv_heads, k_norm, rotary);
+  torch::Tensor v = to_heads(qkv[2], kv_heads, nullptr, false);
+  if (cache != nullptr) {
+    // The new keys and values after the cached ones; attention sees all.
+    if (!cache->k.defined()) {
+      cache->k = at::empty({batch, kv_heads, seq_len_, head_dim}, k.options());
+      cache->v = at::empty({batch, kv_heads, seq_len_, head_dim}, v.options());
+    }
+    cache->k.narrow(2, first, time).copy_(k);
+    cache->v.narrow(2, first, time).copy_(v);
+    cache->length = first + time;
+    k = cache->k.narrow(2, 0, first + time);
+    v = cache->v.narrow(2, 0, first + time);
+  }
+  const int64_t keys = first + time;
 
   // The scores are the step's largest activations (batch x heads x time x
-  // time): one batched product makes them with the scale and the causal
-  // mask (an additive 0 / -inf bias) folded in, rather than three passes.
+  // keys): one batched product makes them with the scale and the causal
+  // mask (an additive 0 / -inf bias: query i, at position first + i, sees
+  // keys up to it) folded in, rather than three passes. The query heads
+  // that share a key/value head are one product's rows ([group x time,
+  // head_dim] against that head's keys), so keys and values are never
+  // repeated.
   const c10::ScalarType compute = Reduced(m) && m.upcast ? at::kFloat : q.scalar_type();
-  torch::Tensor allowed = causal_mask_.slice(0, 0, time).slice(1, 0, time);
-  torch::Tensor bias = at::zeros({time, time}, q.options().dtype(compute))
-                           .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  torch::Tensor bias =
+      at::full({time, keys}, -std::numeric_limits<float>::infinity(), q.options().dtype(compute)).triu_(first + 1);
+  if (group > 1) bias = bias.repeat({group, 1});
   torch::Tensor scores =
-      at::baddbmm(bias, q.reshape({batch * local_heads_, time, head_dim}).to(compute),
-                  k.reshape({batch * local_heads_, time, head_dim}).to(compute).transpose(1, 2), /*beta=*/1.0,
+      at::baddbmm(bias, q.reshape({batch * kv_heads, group * time, head_dim}).to(compute),
+                  k.reshape({batch * kv_heads, keys, head_dim}).to(compute).transpose(1, 2), /*beta=*/1.0,
                   /*alpha=*/1.0 / std::sqrt(double(head_dim)))
-          .view({batch, local_heads_, time, time});
+          .view({batch, local_heads_, time, keys});
   // Softmax always in fp32.
   torch::Tensor probabilities = Reduced(m) ? scores.to(at::kFloat).softmax(-1).to(m.dtype) : scores.softmax(-1);
   // This rank's heads (and rows) drop what the whole model's would.
   const DropoutSlice rows = BatchSlice(m);
   torch::Tensor weights = attn_dropout_->forward(
       probabilities, tensor_->size() == 1 ? rows : rows.Along(1, heads_, ShardOf(heads_, *tensor_).begin));
-  torch::Tensor y = MatMul(weights, v, m).transpose(1, 2).contiguous().view({batch, time, hidden});
+  torch::Tensor y = group == 1 ? MatMul(weights, v, m)
+                               : MatMul(weights.reshape({batch, kv_heads, group * time, keys}), v, m)
+                                     .view({batch, local_heads_, time, head_dim});
+  y = y.transpose(1, 2).contiguous().view({batch, time, local_heads_ * head_dim});
   return resid_dropout_->forward(c_proj(y), rows);
 }
 
-MlpImpl::MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
-    : mode_(std::move(mode)) {
-  c_fc = register_module("c_fc", ColumnParallelLinear(config.hidden, 4 * config.hidden, tensor,
-                                                      /*gather_output=*/false, Dense(mode_)));
-  c_proj = register_module("c_proj", RowParallelLinear(4 * config.hidden, config.hidden, tensor, Dense(mode_)));
+MlpImpl::MlpImpl(const ModelConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
+    : gated_(config.Gated()), mode_(std::move(mode)) {
+  const int64_t width = config.Intermediate();
+  c_fc = register_module("c_fc", ColumnParallelLinear(config.hidden, (gated_ ? 2 : 1) * width, tensor,
+                                                      /*gather_output=*/false, Dense(mode_), config.proj_bias));
+  c_proj = register_module("c_proj", RowParallelLinear(width, config.hidden, tensor, Dense(mode_), config.proj_bias));
   dropout_ = register_module("dropout", Dropout(config.dropout));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   const ComputeMode& m = *mode_;
-  // GPT-2 uses the tanh approximation of GELU.
   torch::Tensor up = c_fc(x);
-  torch::Tensor hidden = Reduced(m) ? WideGelu::apply(up) : at::gelu(up, "tanh");
+  torch::Tensor hidden;
+  if (gated_) {
+    std::vector<torch::Tensor> gate_up = up.chunk(2, /*dim=*/-1);
+    hidden = SwiGlu(gate_up[0], gate_up[1]);
+  } else {
+    // GPT-2 uses the tanh approximation of GELU.
+    hidden = Reduced(m) ? WideGelu::apply(up) : at::gelu(up, "tanh");
+  }
   return dropout_->forward(c_proj(hidden), BatchSlice(m));
 }
 
-BlockImpl::BlockImpl(const GptConfig& config, torch::Tensor causal_mask,
-                     std::shared_ptr<const ComputeMode> mode, Communicator* tensor)
+BlockImpl::BlockImpl(const ModelConfig& config, RotaryTables rotary, std::shared_ptr<const ComputeMode> mode,
+                     Communicator* tensor)
     : mode_(mode) {
-  ln_1 = register_module("ln_1", MakeLayerNorm(config.hidden));
-  attn = register_module("attn", CausalSelfAttention(config, std::move(causal_mask), mode, tensor));
-  ln_2 = register_module("ln_2", MakeLayerNorm(config.hidden));
+  ln_1 = register_module("ln_1", Norm(config.hidden, config.norm, config.norm_eps, mode));
+  attn = register_module("attn", CausalSelfAttention(config, std::move(rotary), mode, tensor));
+  ln_2 = register_module("ln_2", Norm(config.hidden, config.norm, config.norm_eps, mode));
   mlp = register_module("mlp", Mlp(config, mode, tensor));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = x + attn->forward(Norm(x, ln_1, *mode_));
-  return y + mlp->forward(Norm(y, ln_2, *mode_));
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, KvCacheLayer* cache) {
+  torch::Tensor y = x + attn->forward(ln_1(x), cache);
+  return y + mlp->forward(ln_2(y));
 }
 
 namespace {
@@ -246,7 +369,7 @@ void Defer(torch::nn::Module& module) {
 
 }  // namespace
 
-GptImpl::GptImpl(const GptConfig& config, Communicator* tensor, ParameterInit init)
+GptImpl::GptImpl(const ModelConfig& config, Communicator* tensor, ParameterInit init)
     : config_(config),
       solo_(tensor == nullptr ? MakeSoloCommunicator("tensor") : nullptr),
       tensor_(tensor == nullptr ? solo_.get() : tensor),
@@ -256,21 +379,29 @@ GptImpl::GptImpl(const GptConfig& config, Communicator* tensor, ParameterInit in
   // constructors draw is the same.
   wte = register_module("wte", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_));
   if (deferred) Defer(*wte);
-  wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
-  if (deferred) Defer(*wpe);
+  if (config.Rotary()) {
+    // Buffers, not parameters: they move with the model and are not
+    // trained. Blocks hold the same tensors, so moving them moves theirs.
+    RotaryTables tables = MakeRotaryTables(config, config.seq_len);
+    rotary_.cos = register_buffer("rotary_cos", tables.cos);
+    rotary_.sin = register_buffer("rotary_sin", tables.sin);
+  } else {
+    wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.hidden));
+    if (deferred) Defer(*wpe);
+  }
   drop_ = register_module("drop", Dropout(config.dropout));
-  // A buffer, not a parameter: it moves with the model and is not trained.
-  // Blocks hold the same tensor, so moving it moves theirs.
-  causal_mask_ = register_buffer(
-      "causal_mask", torch::ones({config.seq_len, config.seq_len}, torch::kBool).tril());
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i) {
-    Block block(config, causal_mask_, mode_, tensor_);
+    Block block(config, rotary_, mode_, tensor_);
     if (deferred) Defer(*block);
     h->push_back(block);
   }
-  ln_f = register_module("ln_f", MakeLayerNorm(config.hidden));
+  ln_f = register_module("ln_f", Norm(config.hidden, config.norm, config.norm_eps, mode_));
   if (deferred) Defer(*ln_f);
+  if (!config.tied) {
+    lm_head = register_module("lm_head", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_));
+    if (deferred) Defer(*lm_head);
+  }
 
   generator_ = CpuGenerator();
   for (auto& item : named_parameters()) pending_.emplace_back(item.key(), item.value().sizes().vec());
@@ -289,12 +420,15 @@ struct Initialiser {
   double fill = 0;
   double std = 0;
 };
-Initialiser InitialiserOf(const std::string& name, int64_t layers) {
+Initialiser InitialiserOf(const std::string& name, const ModelConfig& config) {
   const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-  if (name.find("ln_") != std::string::npos) return {false, is_bias ? 0.0 : 1.0, 0};
+  if (name.find("ln_") != std::string::npos || name.find("_norm.") != std::string::npos) {
+    return {false, is_bias ? 0.0 : 1.0, 0};
+  }
   if (is_bias) return {false, 0, 0};
-  const double residual_std = 0.02 / std::sqrt(2.0 * double(layers));
-  return {true, 0, name.find("c_proj.weight") != std::string::npos ? residual_std : 0.02};
+  // GPT-2 scales its residual projections down; the Llama family does not.
+  const bool scaled = config.model_type == "gpt2" && name.find("c_proj.weight") != std::string::npos;
+  return {true, 0, scaled ? 0.02 / std::sqrt(2.0 * double(config.layers)) : 0.02};
 }
 
 }  // namespace
@@ -312,7 +446,7 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
     out.copy_(WholeValueOf(name, shape).reshape(out.sizes()));
     return;
   }
-  const Initialiser init = InitialiserOf(name, config_.layers);
+  const Initialiser init = InitialiserOf(name, config_);
   if (!init.drawn) {
     out.fill_(init.fill);
     return;
@@ -320,23 +454,23 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
   // Drawn whole, in the same order on every rank, whatever the group; a
   // tensor that is all this rank's is drawn in place (the same numbers: the
   // generator fills a contiguous tensor in memory order, whatever its shape).
-  const int dim = ShardedDim(name);
-  if ((dim < 0 || tensor_->size() == 1) && out.scalar_type() == at::kFloat) {
+  const TensorSplit split = TensorParallelSplit(config_, name);
+  if ((split.dim < 0 || tensor_->size() == 1) && out.scalar_type() == at::kFloat) {
     out.normal_(0.0, init.std, generator_);
     return;
   }
   std::vector<int64_t> whole = shape;
-  whole[static_cast<size_t>(dim)] *= tensor_->size();
-  out.copy_(PartOf(name, at::empty(whole).normal_(0.0, init.std, generator_), *tensor_).reshape(out.sizes()));
+  if (split.dim >= 0) whole[static_cast<size_t>(split.dim)] *= tensor_->size();
+  out.copy_(PartOf(config_, name, at::empty(whole).normal_(0.0, init.std, generator_), *tensor_).reshape(out.sizes()));
 }
 
 at::Tensor GptImpl::WholeValueOf(const std::string& name, const std::vector<int64_t>& shape) {
-  const int dim = ShardedDim(name);
+  const int dim = TensorParallelSplit(config_, name).dim;
   std::vector<int64_t> whole = shape;
   if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
   at::Tensor value = at::empty(whole, at::kFloat);
   whole_values_(name, value);
-  return PartOf(name, value, *tensor_);
+  return PartOf(config_, name, value, *tensor_);
 }
 
 void GptImpl::Materialize() {
@@ -350,38 +484,59 @@ void GptImpl::Materialize() {
 
 uint64_t GptImpl::InitialValueScratchBytes(size_t index) const {
   const auto& [name, shape] = pending_.at(index);
+  const bool split = IsTensorParallelShard(config_, name);
   if (whole_values_) {
-    uint64_t n = sizeof(float) * static_cast<uint64_t>(ShardedDim(name) >= 0 ? tensor_->size() : 1);
+    uint64_t n = sizeof(float) * static_cast<uint64_t>(split ? tensor_->size() : 1);
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-    return ShardedDim(name) >= 0 && tensor_->size() > 1 ? 2 * n : n;
+    return split && tensor_->size() > 1 ? 2 * n : n;
   }
-  if (!InitialiserOf(name, config_.layers).drawn || ShardedDim(name) < 0 || tensor_->size() == 1) return 0;
+  if (!InitialiserOf(name, config_).drawn || !split || tensor_->size() == 1) return 0;
   uint64_t n = sizeof(float) * static_cast<uint64_t>(tensor_->size());
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
 }
 
-at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor) {
-  return PartOf(name, whole, tensor);
+at::Tensor TensorParallelPart(const ModelConfig& config, const std::string& name, const at::Tensor& whole,
+                              const Communicator& tensor) {
+  return PartOf(config, name, whole, tensor);
 }
 
-bool IsTensorParallelShard(const std::string& name) { return ShardedDim(name) >= 0; }
+at::Tensor TensorParallelJoin(const ModelConfig& config, const std::string& name,
+                              const std::vector<at::Tensor>& parts) {
+  const TensorSplit split = TensorParallelSplit(config, name);
+  if (parts.size() == 1 || split.dim < 0) return parts.at(0);
+  const int64_t ranks = static_cast<int64_t>(parts.size());
+  std::vector<at::Tensor> pieces;  // segment by segment, rank by rank
+  int64_t begin = 0;
+  for (int64_t n : split.segments) {
+    for (const at::Tensor& part : parts) pieces.push_back(part.narrow(split.dim, begin, n / ranks));
+    begin += n / ranks;
+  }
+  return at::cat(pieces, split.dim);
+}
 
-torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
-  const int64_t time = tokens.size(1);
-  torch::Tensor positions = torch::arange(time, tokens.options().dtype(torch::kLong));
-  return drop_->forward(wte->forward(tokens) + wpe->forward(positions), BatchSlice(*mode_));
+bool IsTensorParallelShard(const ModelConfig& config, const std::string& name) {
+  return TensorParallelSplit(config, name).dim >= 0;
+}
+
+torch::Tensor GptImpl::Embed(const torch::Tensor& tokens, int64_t first_position) {
+  torch::Tensor x = wte->forward(tokens);
+  if (wpe) {
+    const int64_t time = tokens.size(1);
+    x = x + wpe->forward(torch::arange(first_position, first_position + time, tokens.options().dtype(torch::kLong)));
+  }
+  return drop_->forward(x, BatchSlice(*mode_));
 }
 
 torch::Tensor GptImpl::Head(const torch::Tensor& x) {
   // Every rank's logits depend on the whole of x: its gradient is summed.
-  return MatMul(CopyToTensorRegion(Norm(x, ln_f, *mode_), tensor_), wte->weight.t(), *mode_);
+  return MatMul(CopyToTensorRegion(ln_f(x), tensor_), OutputWeight().t(), *mode_);
 }
 
 torch::Tensor GptImpl::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
   if (tensor_->size() > 1) return Loss(Head(x), targets);
-  const torch::Tensor normed = Norm(x, ln_f, *mode_);
-  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), wte->weight, targets.reshape({-1}),
+  const torch::Tensor normed = ln_f(x);
+  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), OutputWeight(), targets.reshape({-1}),
                             /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast, mode_->claims);
 }
 
@@ -389,8 +544,8 @@ torch::Tensor GptImpl::LastLogits(const torch::Tensor& x) {
   TORCH_CHECK(tensor_->size() == 1, "LastLogits needs the whole vocabulary (a tensor group of one)");
   // One position's row of the head: [batch, hidden] x [hidden, vocab], in
   // fp32 whatever the weights' type.
-  const torch::Tensor normed = Norm(x.select(1, x.size(1) - 1), ln_f, *mode_);
-  return at::matmul(normed.to(at::kFloat), wte->weight.to(at::kFloat).t());
+  const torch::Tensor normed = ln_f(x.select(1, x.size(1) - 1));
+  return at::matmul(normed.to(at::kFloat), OutputWeight().to(at::kFloat).t());
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {

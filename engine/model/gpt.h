@@ -1,17 +1,22 @@
 #pragma once
 
-// A GPT-2 architecture model built from our own modules, so that the memory
+// A decoder-only transformer -- GPT-2 or one of the Llama family, as its
+// ModelConfig says -- built from our own modules, so that the memory
 // manager, recompute and tensor parallelism can work block by block.
 //
-// Parameter names follow the GPT-2 checkpoints where they correspond
-// (wte, wpe, h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2,
-// h.N.mlp.c_fc, h.N.mlp.c_proj, ln_f). The output layer is tied to wte.
+// Parameter names follow the GPT-2 checkpoints whatever the family (wte,
+// wpe, h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2, h.N.mlp.c_fc,
+// h.N.mlp.c_proj, ln_f), with h.N.attn.q_norm/k_norm (Qwen3) and lm_head
+// (an untied output layer). The q, k and v projections are one layer
+// (c_attn: query heads' rows, then key heads', then value heads'), and so
+// are SwiGLU's gate and up projections (c_fc: gate rows, then up rows):
+// one product each instead of three or two. engine/model/hf_layout.h maps
+// these names to each family's Hugging Face names.
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 
 #include <functional>
 #include <memory>
@@ -20,7 +25,7 @@
 
 #include "engine/common/gradient_claims.h"
 #include "engine/model/dropout.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/tensor_parallel.h"
 
@@ -47,41 +52,103 @@ struct ComputeMode {
   GradientClaims* claims = nullptr;
 };
 
-// Multi-head self-attention where position t attends to positions <= t.
-class CausalSelfAttentionImpl : public torch::nn::Module {
+// A normalisation over the last dimension: LayerNorm (weight and bias) or
+// RMSNorm (weight only), computed in fp32 whatever the activations' type
+// and rounded once.
+class NormImpl : public torch::nn::Module {
  public:
-  // `causal_mask`: lower-triangular [seq_len, seq_len] bool, true where
-  // attention is allowed; shared by every block of the model, as `mode`.
-  // `tensor`: the tensor-parallel group; this rank computes heads
-  // [rank * heads / T, (rank + 1) * heads / T).
-  CausalSelfAttentionImpl(const GptConfig& config, torch::Tensor causal_mask,
-                          std::shared_ptr<const ComputeMode> mode, Communicator* tensor);
-  // x: [batch, time, hidden] -> [batch, time, hidden].
+  // `partial`: a tensor group whose ranks each norm a part of the values
+  // with the same weight (Qwen3's q/k norms of each rank's heads), whose
+  // weight gradients are summed across it; null for a norm of whole rows.
+  NormImpl(int64_t width, ModelConfig::Norm kind, double eps, std::shared_ptr<const ComputeMode> mode,
+           Communicator* partial = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
+  torch::Tensor weight;
+  torch::Tensor bias;  // LayerNorm's; undefined for RMSNorm
+
+ private:
+  ModelConfig::Norm kind_;
+  double eps_;
+  std::shared_ptr<const ComputeMode> mode_;
+  Communicator* partial_;
+};
+TORCH_MODULE(Norm);
+
+// The rotary angles' cosines and sines, [positions, head_dim] fp32 each,
+// as Hugging Face computes them (in fp32; rope_scaling applied; each
+// frequency repeated over both halves of the head), for positions
+// [0, positions).
+struct RotaryTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t positions);
+
+// One block's keys and values of the positions seen so far, for
+// generation: the next positions attend to them instead of recomputing
+// them. [batch, kv heads, capacity, head_dim] each, `length` of them
+// filled.
+struct KvCacheLayer {
+  torch::Tensor k;
+  torch::Tensor v;
+  int64_t length = 0;
+};
+
+// Every block's, and where the next positions start.
+struct KvCache {
+  std::vector<KvCacheLayer> layers;
+  int64_t positions() const { return layers.empty() ? 0 : layers[0].length; }
+  void Clear() { layers.clear(); }
+};
+
+// Multi-head self-attention where position t attends to positions <= t,
+// with grouped-query attention (each key/value head serving heads /
+// kv_heads query heads, never repeated in memory), rotary positions and
+// Qwen3's per-head q/k norms where the configuration has them.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  // `rotary`: the model's tables (empty for learned positions), shared by
+  // every block, as `mode`. `tensor`: the tensor-parallel group; this rank
+  // computes query heads [rank * heads / T, (rank + 1) * heads / T) and
+  // their key/value heads likewise.
+  CausalSelfAttentionImpl(const ModelConfig& config, RotaryTables rotary, std::shared_ptr<const ComputeMode> mode,
+                          Communicator* tensor);
+  // x: [batch, time, hidden] -> [batch, time, hidden]. With `cache`, x is
+  // the positions after the cached ones (whose keys and values it appends,
+  // the cache growing to seq_len positions at most), which attend to them
+  // too.
+  torch::Tensor forward(const torch::Tensor& x, KvCacheLayer* cache = nullptr);
+
   ColumnParallelLinear c_attn{nullptr};  // this rank's heads' q, k and v rows
+  Norm q_norm{nullptr};                  // Qwen3's; else null
+  Norm k_norm{nullptr};
   RowParallelLinear c_proj{nullptr};
 
  private:
-  int64_t heads_;        // in the model
-  int64_t local_heads_;  // on this rank
+  int64_t heads_;           // in the model
+  int64_t local_heads_;     // on this rank
+  int64_t local_kv_heads_;  // on this rank
+  int64_t head_dim_;
+  int64_t seq_len_;
   Communicator* tensor_;
   std::shared_ptr<const ComputeMode> mode_;
   Dropout attn_dropout_{nullptr};
   Dropout resid_dropout_{nullptr};
-  torch::Tensor causal_mask_;
+  RotaryTables rotary_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(const GptConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor);
+  MlpImpl(const ModelConfig& config, std::shared_ptr<const ComputeMode> mode, Communicator* tensor);
   torch::Tensor forward(const torch::Tensor& x);
 
-  ColumnParallelLinear c_fc{nullptr};
+  ColumnParallelLinear c_fc{nullptr};  // GELU: up; SwiGLU: [gate; up] of this rank's columns
   RowParallelLinear c_proj{nullptr};
 
  private:
+  bool gated_;
   std::shared_ptr<const ComputeMode> mode_;
   Dropout dropout_{nullptr};
 };
@@ -90,13 +157,13 @@ TORCH_MODULE(Mlp);
 // A pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptConfig& config, torch::Tensor causal_mask, std::shared_ptr<const ComputeMode> mode,
+  BlockImpl(const ModelConfig& config, RotaryTables rotary, std::shared_ptr<const ComputeMode> mode,
             Communicator* tensor);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, KvCacheLayer* cache = nullptr);
 
-  torch::nn::LayerNorm ln_1{nullptr};
+  Norm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
-  torch::nn::LayerNorm ln_2{nullptr};
+  Norm ln_2{nullptr};
   Mlp mlp{nullptr};
 
  private:
@@ -107,14 +174,16 @@ TORCH_MODULE(Block);
 class GptImpl : public torch::nn::Module {
  public:
   // Parameters are initialised as GPT-2's: N(0, 0.02), residual output
-  // projections scaled by 1/sqrt(2 * layers), zero biases, unit norms. Draws
+  // projections scaled by 1/sqrt(2 * layers) (GPT-2 only; the Llama family
+  // draws them as the rest), zero biases, unit norms. Draws
   // from LibTorch's default generator: seed it first for reproducibility.
   //
   // With a tensor-parallel group of T ranks (`tensor`, which must outlive
   // the model; none is a group of one) the model is Megatron's: each rank
   // holds 1/T of every block's attention heads and MLP and of the
   // vocabulary (the tied embedding and output layer); layer norms and
-  // position embeddings are whole on every rank. Every rank draws the whole
+  // position embeddings are whole on every rank; key/value heads are split
+  // as the query heads (T must divide both). Every rank draws the whole
   // model's initial values and keeps its part, and attention dropout drops
   // what the whole model would, so training is the same for every T.
   //
@@ -124,7 +193,7 @@ class GptImpl : public torch::nn::Module {
   // takes one block's memory, not the model's. InitialValue then writes each
   // parameter's value where its caller keeps it (a chunk, say).
   enum class ParameterInit { kNow, kDeferred };
-  explicit GptImpl(const GptConfig& config, Communicator* tensor = nullptr,
+  explicit GptImpl(const ModelConfig& config, Communicator* tensor = nullptr,
                    ParameterInit init = ParameterInit::kNow);
 
   // Deferred initialisation: writes the initial value of parameter `index`
@@ -159,8 +228,10 @@ class GptImpl : public torch::nn::Module {
   // [batch, time, vocab_size / T] (this rank's part of the vocabulary).
   torch::Tensor forward(const torch::Tensor& tokens);
 
-  // The stages of forward(), for callers that work block by block.
-  torch::Tensor Embed(const torch::Tensor& tokens);
+  // The stages of forward(), for callers that work block by block. The
+  // tokens' positions start at `first_position` (the cached ones before
+  // them, in generation).
+  torch::Tensor Embed(const torch::Tensor& tokens, int64_t first_position = 0);
   torch::Tensor Head(const torch::Tensor& x);
 
   // Mean cross-entropy of logits (as forward() returns them) against
@@ -188,23 +259,28 @@ class GptImpl : public torch::nn::Module {
   }
   const ComputeMode& compute_mode() const { return *mode_; }
 
-  const GptConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   int64_t block_count() const { return static_cast<int64_t>(h->size()); }
   BlockImpl& block(int64_t i) { return *h[i]->as<BlockImpl>(); }
 
   VocabParallelEmbedding wte{nullptr};
-  torch::nn::Embedding wpe{nullptr};
+  torch::nn::Embedding wpe{nullptr};  // learned positions only
   torch::nn::ModuleList h{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  Norm ln_f{nullptr};
+  VocabParallelEmbedding lm_head{nullptr};  // untied output layer only
+
+  // The output layer's weight: lm_head's, or wte's when tied.
+  const torch::Tensor& OutputWeight() const { return config_.tied ? wte->weight : lm_head->weight; }
 
  private:
-  GptConfig config_;
+  ModelConfig config_;
   std::unique_ptr<Communicator> solo_;  // when no group was given
   Communicator* tensor_;
   std::shared_ptr<ComputeMode> mode_;
   Dropout drop_{nullptr};
-  // The one causal mask every block uses (a buffer: it moves with the model).
-  torch::Tensor causal_mask_;
+  // Rotary positions' tables every block uses (buffers: they move with the
+  // model).
+  RotaryTables rotary_;
   // Deferred initialisation: every parameter's name and shape, in order,
   // the next to initialise, and the generator to draw from.
   std::vector<std::pair<std::string, std::vector<int64_t>>> pending_;
@@ -218,11 +294,17 @@ class GptImpl : public torch::nn::Module {
 TORCH_MODULE(Gpt);
 
 // This rank's part of the whole model's value of parameter `name` (its
-// gradient, say): what a model built with `tensor` holds of it.
-at::Tensor TensorParallelPart(const std::string& name, const at::Tensor& whole, const Communicator& tensor);
+// gradient, say): what a model of `config` built with `tensor` holds of it
+// (TensorParallelSplit).
+at::Tensor TensorParallelPart(const ModelConfig& config, const std::string& name, const at::Tensor& whole,
+                              const Communicator& tensor);
+
+// The whole tensor from every tensor rank's part, in rank order: the
+// inverse of TensorParallelPart.
+at::Tensor TensorParallelJoin(const ModelConfig& config, const std::string& name, const std::vector<at::Tensor>& parts);
 
 // Whether parameter `name` is split across the tensor group (else each rank
 // holds it whole).
-bool IsTensorParallelShard(const std::string& name);
+bool IsTensorParallelShard(const ModelConfig& config, const std::string& name);
 
 }  // namespace ferry

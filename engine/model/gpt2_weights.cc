@@ -16,14 +16,6 @@
 namespace ferry {
 namespace {
 
-// Not weights: the blocks' causal-mask buffers, and the output layer tied to
-// wte.
-bool PassedOver(absl::string_view name) {
-  absl::ConsumePrefix(&name, "transformer.");
-  return name == "lm_head.weight" ||
-         (absl::StartsWith(name, "h.") && (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")));
-}
-
 // n_head from a config.json beside `path`, or 0.
 int64_t HeadsFromConfigJson(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -44,7 +36,13 @@ int64_t HeadsFromConfigJson(const std::string& path) {
 
 }  // namespace
 
-std::vector<Gpt2Tensor> Gpt2Tensors(const GptConfig& c) {
+bool Gpt2PassedOver(absl::string_view name) {
+  absl::ConsumePrefix(&name, "transformer.");
+  return name == "lm_head.weight" ||
+         (absl::StartsWith(name, "h.") && (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")));
+}
+
+std::vector<Gpt2Tensor> Gpt2Tensors(const ModelConfig& c) {
   const int64_t h = c.hidden;
   std::vector<Gpt2Tensor> t = {{"wte.weight", {c.vocab_size, h}}, {"wpe.weight", {c.seq_len, h}}};
   for (int64_t i = 0; i < c.layers; ++i) {
@@ -75,7 +73,7 @@ const SafetensorsEntry* FindGpt2Tensor(const SafetensorsIndex& index, const std:
   return e != nullptr ? e : index.Find("transformer." + name);
 }
 
-absl::StatusOr<GptConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, const std::string& path,
+absl::StatusOr<ModelConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, const std::string& path,
                                                 int64_t heads) {
   auto missing = [&](const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", path, " has no ", name,
@@ -91,7 +89,7 @@ absl::StatusOr<GptConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, c
                                                    " and wpe.weight ", FormatShape(wpe->shape),
                                                    " are not [vocab, hidden] and [context, hidden]"));
   }
-  GptConfig c;
+  ModelConfig c;
   c.vocab_size = wte->shape[0];
   c.hidden = wte->shape[1];
   c.seq_len = wpe->shape[0];
@@ -119,7 +117,7 @@ absl::StatusOr<GptConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, c
   return c;
 }
 
-absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const GptConfig& config, const std::string& what) {
+absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const ModelConfig& config, const std::string& what) {
   std::set<const SafetensorsEntry*> used;
   for (const Gpt2Tensor& t : Gpt2Tensors(config)) {
     const SafetensorsEntry* e = FindGpt2Tensor(index, t.name);
@@ -140,7 +138,7 @@ absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const GptConfig& co
     used.insert(e);
   }
   for (const SafetensorsEntry& e : index.tensors) {
-    if (used.count(&e) == 0 && !PassedOver(e.name)) {
+    if (used.count(&e) == 0 && !Gpt2PassedOver(e.name)) {
       return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, " holds ", e.name, " ",
                                                      FormatShape(e.shape), ", which this model has no place for: "
                                                      "another architecture, or more layers than the model"));

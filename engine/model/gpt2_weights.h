@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/checkpoint/safetensors.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 
 namespace ferry {
 
@@ -40,8 +40,12 @@ struct Gpt2Tensor {
   bool transposed = false;
 };
 
+// What a GPT-2 file may hold that is not a weight: the blocks' causal-mask
+// buffers and the output layer tied to wte.
+bool Gpt2PassedOver(absl::string_view name);
+
 // The model's tensors in named_parameters() order, in GPT-2's layout.
-std::vector<Gpt2Tensor> Gpt2Tensors(const GptConfig& config);
+std::vector<Gpt2Tensor> Gpt2Tensors(const ModelConfig& config);
 
 // The file's entry for `name`, under its own name or "transformer." + name;
 // null if neither is there.
@@ -54,11 +58,11 @@ const SafetensorsEntry* FindGpt2Tensor(const SafetensorsIndex& index, const std:
 // INVALID_ARGUMENT saying to set model.heads. Dropout is left at 0.
 // INVALID_ARGUMENT naming what is missing when wte, wpe or block 0 is not
 // there.
-absl::StatusOr<GptConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, const std::string& path, int64_t heads);
+absl::StatusOr<ModelConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index, const std::string& path, int64_t heads);
 
 // Every tensor of `config` is in `index` with its GPT-2 shape, as F32, F16
 // or BF16, and the file holds no other weight: else INVALID_ARGUMENT naming
 // the tensor (and both shapes, for a shape that differs) and `what`.
-absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const GptConfig& config, const std::string& what);
+absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const ModelConfig& config, const std::string& what);
 
 }  // namespace ferry

@@ -13,8 +13,8 @@
 namespace ferry {
 namespace {
 
-GptConfig Config() {
-  GptConfig c;
+ModelConfig Config() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 32;
   c.heads = 4;
@@ -76,7 +76,7 @@ TEST(GptParallelTest, ShardedModelComputesTheWholeOne) {
       EXPECT_NEAR(loss.item<double>(), whole.loss, 1e-5);
       loss.backward();
       for (const auto& p : model->named_parameters()) {
-        EXPECT_TRUE(Close(p.value().grad(), TensorParallelPart(p.key(), whole.grads.at(p.key()), *comm)))
+        EXPECT_TRUE(Close(p.value().grad(), TensorParallelPart(model->config(), p.key(), whole.grads.at(p.key()), *comm)))
             << p.key();
       }
     });
@@ -89,7 +89,7 @@ TEST(GptParallelTest, ShardedModelComputesTheWholeOne) {
 TEST(GptParallelTest, ABlockAllReducesTwiceEachWay) {
   RunRanks(2, [](int, Communicator* group) {
     CountingCommunicator comm(group);
-    GptConfig c = Config();
+    ModelConfig c = Config();
     c.dropout = 0;
     Gpt model(c, &comm);
     torch::Tensor x = torch::ones({3, 8, c.hidden}).requires_grad_(true);
@@ -108,7 +108,7 @@ TEST(GptParallelTest, ABlockAllReducesTwiceEachWay) {
 
 TEST(GptParallelTest, HeadsThatDoNotSplitAreRefused) {
   RunRanks(3, [](int, Communicator* comm) {
-    GptConfig c = Config();
+    ModelConfig c = Config();
     c.vocab_size = 63;
     c.hidden = 48;
     c.heads = 4;

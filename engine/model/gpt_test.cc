@@ -12,8 +12,8 @@
 namespace ferry {
 namespace {
 
-GptConfig SmallConfig() {
-  GptConfig c;
+ModelConfig SmallConfig() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 32;
   c.heads = 4;
@@ -32,7 +32,7 @@ TEST(GptTest, LogitsHaveBatchTimeVocabShape) {
 }
 
 TEST(GptTest, ParameterCountMatchesConfig) {
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   Gpt model(config);
   int64_t total = 0;
   for (const auto& p : model->parameters()) total += p.numel();
@@ -86,7 +86,7 @@ TEST(GptTest, SameSeedSameInitialisation) {
 // InitialValue in order gives kNow's values and leaves the generator where
 // kNow leaves it, bit for bit.
 TEST(GptTest, DeferredInitialisationIsTheSameModel) {
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   config.layers = 3;
   torch::manual_seed(7);
   Gpt now(config);
@@ -171,7 +171,7 @@ TEST(GptTest, ReducedPrecisionComputesCloseToFp32) {
 }
 
 TEST(GptTest, GradientsReachEveryParameter) {
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   Gpt model(config);
   torch::Tensor tokens = torch::randint(0, 50, {2, 8}, torch::kLong);
   torch::Tensor targets = torch::randint(0, 50, {2, 8}, torch::kLong);
@@ -193,7 +193,7 @@ struct ClaimAll : public GradientClaims {
 // weights keep them: a claimed gradient is overwritten with the product,
 // one not claimed is added to, as autograd adds to a gradient that exists.
 TEST(GptTest, ProductsWriteOrAddTheWeightsGradientsInPlace) {
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   config.vocab_size = 5000;  // two slices of the head's 4096 rows
   torch::manual_seed(5);
   Gpt model(config);
@@ -263,7 +263,7 @@ class ShapeOnlyCommunicator : public Communicator {
 // for the GELU of the widened values, rounded back.
 TEST(GptTest, ReducedGeluComputesInFp32AndRoundsOnce) {
   ShapeOnlyCommunicator alone(0, 1);
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   config.dropout = 0;
   for (bool upcast : {false, true}) {
     SCOPED_TRACE(upcast ? "upcast" : "native");
@@ -290,18 +290,18 @@ TEST(GptTest, ReducedGeluComputesInFp32AndRoundsOnce) {
   }
 }
 
-// The daemon lays out chunks from GptParameterShapes without LibTorch: it
+// The daemon lays out chunks from ModelParameterShapes without LibTorch: it
 // must be the real model's named_parameters, name by name, in order, with
 // each rank's element counts.
 TEST(GptTest, ParameterShapesMatchTheModel) {
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   config.layers = 3;
   for (int tensor : {1, 2}) {
     for (int rank = 0; rank < tensor; ++rank) {
       SCOPED_TRACE(testing::Message() << "T=" << tensor << " rank " << rank);
       ShapeOnlyCommunicator comm(rank, tensor);
       Gpt model(config, &comm);
-      const std::vector<ParameterShape> shapes = GptParameterShapes(config, tensor);
+      const std::vector<ParameterShape> shapes = ModelParameterShapes(config, tensor);
       const auto named = model->named_parameters();
       ASSERT_EQ(shapes.size(), named.size());
       int64_t total = 0;
@@ -334,7 +334,7 @@ namespace {
 // The sliced head with its loss is the model's head and loss: the same loss
 // and gradients for every parameter (fp32, within 2e-6 of the largest).
 TEST(GptTest, HeadLossIsLossOfHead) {
-  GptConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   config.vocab_size = 5000;  // two slices of 4096
   torch::manual_seed(5);
   Gpt model(config);

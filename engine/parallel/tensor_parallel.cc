@@ -135,11 +135,11 @@ Shard ShardOf(int64_t n, const Communicator& comm) {
 
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output,
-                                                   LinearFn linear)
+                                                   LinearFn linear, bool biased)
     : comm_(comm), gather_output_(gather_output), linear_(OrDefault(std::move(linear))) {
   const Shard rows = ShardOf(out, *comm);
   weight = register_parameter("weight", at::zeros({rows.size(), in}));
-  bias = register_parameter("bias", at::zeros({rows.size()}));
+  if (biased) bias = register_parameter("bias", at::zeros({rows.size()}));
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
@@ -151,26 +151,28 @@ void ColumnParallelLinearImpl::LoadShard(const at::Tensor& full_weight, const at
   const Shard rows = ShardOf(full_weight.size(0), *comm_);
   at::NoGradGuard no_grad;
   weight.copy_(full_weight.narrow(0, rows.begin, rows.size()));
-  bias.copy_(full_bias.narrow(0, rows.begin, rows.size()));
+  if (bias.defined()) bias.copy_(full_bias.narrow(0, rows.begin, rows.size()));
 }
 
-RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, LinearFn linear)
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, LinearFn linear,
+                                             bool biased)
     : comm_(comm), linear_(OrDefault(std::move(linear))) {
   const Shard columns = ShardOf(in, *comm);
   weight = register_parameter("weight", at::zeros({out, columns.size()}));
-  bias = register_parameter("bias", at::zeros({out}));
+  if (biased) bias = register_parameter("bias", at::zeros({out}));
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x_parallel) {
   if (comm_->size() == 1) return linear_(x_parallel, weight, bias);
-  return ReduceFromTensorRegion(linear_(x_parallel, weight, at::Tensor()), comm_) + bias;
+  at::Tensor y = ReduceFromTensorRegion(linear_(x_parallel, weight, at::Tensor()), comm_);
+  return bias.defined() ? y + bias : y;
 }
 
 void RowParallelLinearImpl::LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias) {
   const Shard columns = ShardOf(full_weight.size(1), *comm_);
   at::NoGradGuard no_grad;
   weight.copy_(full_weight.narrow(1, columns.begin, columns.size()));
-  bias.copy_(full_bias);
+  if (bias.defined()) bias.copy_(full_bias);
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm)

@@ -53,8 +53,9 @@ Shard ShardOf(int64_t n, const Communicator& comm);
 // split along its last dimension (or gathered, with `gather_output`).
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
+  // Without `bias` the layer has none (`bias` stays undefined).
   ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, bool gather_output = false,
-                           LinearFn linear = nullptr);
+                           LinearFn linear = nullptr, bool bias = true);
   at::Tensor forward(const at::Tensor& x);
   // Takes this rank's rows of an unsharded layer's weight [out, in] and bias.
   void LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias);
@@ -75,7 +76,7 @@ TORCH_MODULE(ColumnParallelLinear);
 // rank, it is the plain layer).
 class RowParallelLinearImpl : public torch::nn::Module {
  public:
-  RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, LinearFn linear = nullptr);
+  RowParallelLinearImpl(int64_t in, int64_t out, Communicator* comm, LinearFn linear = nullptr, bool bias = true);
   at::Tensor forward(const at::Tensor& x_parallel);
   void LoadShard(const at::Tensor& full_weight, const at::Tensor& full_bias);
 

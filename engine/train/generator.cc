@@ -93,7 +93,7 @@ absl::StatusOr<GenerationStats> Generate(InferenceModel& model, const std::vecto
                                          const SamplingOptions& options,
                                          const std::function<bool(int64_t token)>& on_token) {
   RETURN_IF_ERROR(ValidateSampling(options));
-  const GptConfig& config = model.config();
+  const ModelConfig& config = model.config();
   if (prompt.empty()) {
     return absl::InvalidArgumentError("prompt: is empty; give at least one token (a text, or ids)");
   }
@@ -104,18 +104,39 @@ absl::StatusOr<GenerationStats> Generate(InferenceModel& model, const std::vecto
                                                      " ids (0 .. ", config.vocab_size - 1, ")"));
     }
   }
+  size_t cached_from = 0;
   std::mt19937_64 rng(options.seed);
   std::vector<int64_t> context = prompt;
   GenerationStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   const Clock::time_point start = Clock::now();
   std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+  // Rows [from, end) of the context as a [1, n] tensor.
+  auto rows = [&](size_t from) {
+    at::Tensor tokens = at::empty({1, static_cast<int64_t>(context.size() - from)}, at::kLong);
+    std::memcpy(tokens.data_ptr<int64_t>(), context.data() + from, (context.size() - from) * sizeof(int64_t));
+    return tokens;
+  };
+  if (options.use_cache) model.ResetCache();
   for (int64_t n = 0; n < options.max_tokens; ++n) {
-    const int64_t window = std::min<int64_t>(static_cast<int64_t>(context.size()), config.seq_len);
-    at::Tensor tokens = at::empty({1, window}, at::kLong);
-    std::memcpy(tokens.data_ptr<int64_t>(), context.data() + (context.size() - static_cast<size_t>(window)),
-                static_cast<size_t>(window) * sizeof(int64_t));
-    ASSIGN_OR_RETURN(at::Tensor last, model.LastLogits(tokens));
+    at::Tensor last;
+    if (!options.use_cache) {
+      const size_t window = std::min<size_t>(context.size(), static_cast<size_t>(config.seq_len));
+      ASSIGN_OR_RETURN(last, model.LastLogits(rows(context.size() - window)));
+    } else {
+      // The cache holds the context's positions from `cached_from` on; a
+      // full one starts again from the context's last half window.
+      if (model.cached_positions() == 0 || cached_from + model.cached_positions() + 1 > context.size() ||
+          model.cached_positions() >= config.seq_len) {
+        model.ResetCache();
+        const size_t window = std::min<size_t>(
+            context.size(), static_cast<size_t>(n == 0 ? config.seq_len : std::max<int64_t>(1, config.seq_len / 2)));
+        cached_from = context.size() - window;
+        ASSIGN_OR_RETURN(last, model.AppendLogits(rows(cached_from)));
+      } else {
+        ASSIGN_OR_RETURN(last, model.AppendLogits(rows(context.size() - 1)));
+      }
+    }
     const at::Tensor row = last.reshape({-1}).to(at::kFloat).contiguous();
     if (row.numel() != config.vocab_size) {
       return absl::InternalError(absl::StrCat("the model gave ", row.numel(), " logits for a vocabulary of ",
@@ -126,8 +147,11 @@ absl::StatusOr<GenerationStats> Generate(InferenceModel& model, const std::vecto
     context.push_back(next);
     ++stats.generated_tokens;
     if (n == 0) stats.first_token_seconds = Seconds(start, Clock::now());
-    if (!on_token(next)) {
+    const bool stop = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
+                      options.stop_tokens.end();
+    if (!on_token(next) || stop) {
       stats.stopped = stats.generated_tokens < options.max_tokens;
+      stats.stop_token = stop;
       break;
     }
   }

@@ -3,12 +3,15 @@
 // Text generation from a trained model: the next token drawn from the
 // model's distribution at the last position, appended, repeated.
 //
-// Each token runs a whole forward over the context window (the prompt and
-// what has been generated, its last seq_len tokens): no key/value cache, so
-// producing n tokens after a prompt of p costs n forwards of up to seq_len
-// positions each (attention quadratic in the window), and through the
-// chunks each forward fetches every stage's chunks again. Only the last
-// position's head is computed (InferenceModel::LastLogits).
+// With the key/value cache (the default) the prompt's forward fills each
+// block's cache, and each token after runs the forward of its one position
+// against the cached keys and values (InferenceModel::AppendLogits): a
+// token's cost does not include recomputing the prefix. When the context
+// reaches seq_len positions, the cache starts again from the context's
+// last seq_len / 2 tokens. Without it each token runs a whole forward over
+// the context window (its last seq_len tokens). Through the chunks each
+// forward fetches every stage's chunks. Only the last position's head is
+// computed.
 
 #include <cstdint>
 #include <functional>
@@ -37,6 +40,11 @@ struct SamplingOptions {
   // The sampler's generator (a CPU Mersenne twister of its own): the same
   // seed, model and prompt give the same tokens.
   uint64_t seed = 0;
+  // Generation ends after any of these (the model's end-of-sequence
+  // tokens), which is passed on as the last token.
+  std::vector<int64_t> stop_tokens;
+  // The key/value cache (see above); false: a whole forward a token.
+  bool use_cache = true;
 };
 
 // INVALID_ARGUMENT naming the field (max_tokens, temperature, top_k, top_p)
@@ -53,8 +61,11 @@ struct GenerationStats {
   // Wall-clock time of the generation loop, and of its first token.
   double seconds = 0;
   double first_token_seconds = 0;
-  // True when the callback asked to stop before max_tokens.
+  // True when the callback asked to stop, or a stop token ended it, before
+  // max_tokens.
   bool stopped = false;
+  // True when a stop token ended it.
+  bool stop_token = false;
 };
 
 // Generates up to options.max_tokens tokens after `prompt` (at least one

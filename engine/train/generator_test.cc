@@ -22,8 +22,8 @@ constexpr int64_t kBranching = 2;
 constexpr uint64_t kChainSeed = 7;
 constexpr uint64_t kAmple = 1ull << 30;
 
-GptConfig Model() {
-  GptConfig c;
+ModelConfig Model() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 64;
   c.heads = 4;
@@ -71,7 +71,7 @@ class GeneratorTest : public ::testing::Test {
     ASSERT_TRUE(trained.ok()) << trained;
     final_loss_ = observer.last_loss;
     absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-        ExportGpt2Weights(Model(), Training(), MemoryOptions(), {checkpoint_}, &device);
+        ExportHfWeights(Model(), Training(), MemoryOptions(), {checkpoint_}, &device);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
     std::string bytes;
     ASSERT_TRUE(SerializeSafetensors(*tensors, Gpt2ConfigMetadata(Model()), &bytes).ok());
@@ -259,7 +259,7 @@ TEST_F(GeneratorTest, BadRequestsNameTheField) {
 
 TEST_F(GeneratorTest, ACheckpointOfAnotherModelIsRefused) {
   SimulatedDevice device(kAmple);
-  GptConfig other = Model();
+  ModelConfig other = Model();
   other.hidden = 32;
   auto model = RestoreInferenceModel(other, Training(), MemoryOptions(), *checkpoint_, &device);
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();

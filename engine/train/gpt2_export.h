@@ -35,7 +35,7 @@
 #include "engine/checkpoint/safetensors.h"
 #include "engine/memory/memory_device.h"
 #include "engine/memory/memory_options.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/train/train_options.h"
 
 namespace ferry {
@@ -49,15 +49,17 @@ namespace ferry {
 // then, and data rank 0's alone otherwise (data_ranks 1). Each is restored
 // through the chunks training keeps it in (see RestoreParameters: `train`
 // and `memory` must be the training's), the shards joined into whole
-// tensors, then named and laid out as GPT-2's (see above), in GPT-2's
-// order. INVALID_ARGUMENT when a checkpoint is of another model, precision
-// or parallel layout.
-absl::StatusOr<std::vector<SafetensorsTensor>> ExportGpt2Weights(
-    const GptConfig& model, const TrainOptions& train, const MemoryOptions& memory,
+// tensors, then named and laid out as the family's Hugging Face
+// checkpoints (GPT-2's as above; the Llama family's in
+// engine/model/hf_layout.h, the fused q/k/v and gate/up rows split back
+// into their projections), in the model's order. INVALID_ARGUMENT when a
+// checkpoint is of another model, precision or parallel layout.
+absl::StatusOr<std::vector<SafetensorsTensor>> ExportHfWeights(
+    const ModelConfig& model, const TrainOptions& train, const MemoryOptions& memory,
     const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device, int data_ranks = 1);
 
 // GPT-2's configuration names for `model` (n_layer, n_embd, n_head,
 // n_positions, vocab_size, ...), for the safetensors metadata.
-std::map<std::string, std::string> Gpt2ConfigMetadata(const GptConfig& model);
+std::map<std::string, std::string> Gpt2ConfigMetadata(const ModelConfig& model);
 
 }  // namespace ferry

@@ -35,8 +35,8 @@ class Quiet : public TrainingObserver {
   void OnStep(const StepReport&) override {}
 };
 
-GptConfig Model() {
-  GptConfig c;
+ModelConfig Model() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 32;
   c.heads = 4;
@@ -170,7 +170,7 @@ TEST(Gpt2ExportTest, NamesShapesAndValuesAreGpt2s) {
     TrainOptions reader = options;
     reader.seed = 99;
     absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-        ExportGpt2Weights(Model(), reader, Memory(), {&checkpoint}, &device);
+        ExportHfWeights(Model(), reader, Memory(), {&checkpoint}, &device);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
     ExpectGpt2Layout(*tensors);
     ExpectInitialModel(*tensors, options.seed);
@@ -186,7 +186,7 @@ TEST(Gpt2ExportTest, FusedQkvIsGpt2sOrder) {
   SimulatedDevice device(uint64_t{1} << 30);
   const CheckpointContents checkpoint = TrainOneRank(&device, Options(0.0), Memory());
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ExportGpt2Weights(Model(), Options(0.0), Memory(), {&checkpoint}, &device);
+      ExportHfWeights(Model(), Options(0.0), Memory(), {&checkpoint}, &device);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   CpuGeneratorScope generator(at::make_generator<at::CPUGeneratorImpl>(Options(0.0).seed));
   Gpt model(Model());
@@ -207,7 +207,7 @@ TEST(Gpt2ExportTest, TensorParallelShardsJoin) {
   SimulatedDevice device(uint64_t{4} << 30);
   const std::vector<CheckpointContents> ranks = TrainParallel(&device, 2, 1, Options(0.0), Memory());
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ExportGpt2Weights(Model(), Options(0.0), Memory(), {&ranks[0], &ranks[1]}, &device);
+      ExportHfWeights(Model(), Options(0.0), Memory(), {&ranks[0], &ranks[1]}, &device);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   ExpectGpt2Layout(*tensors);
   ExpectInitialModel(*tensors, Options(0.0).seed);
@@ -219,9 +219,9 @@ TEST(Gpt2ExportTest, TensorParallelShardsJoin) {
   const std::vector<CheckpointContents> trained = TrainParallel(&device, 2, 1, Options(3e-3), Memory());
   const CheckpointContents one = TrainOneRank(&device, Options(3e-3), Memory());
   absl::StatusOr<std::vector<SafetensorsTensor>> parallel =
-      ExportGpt2Weights(Model(), Options(3e-3), Memory(), {&trained[0], &trained[1]}, &device);
+      ExportHfWeights(Model(), Options(3e-3), Memory(), {&trained[0], &trained[1]}, &device);
   absl::StatusOr<std::vector<SafetensorsTensor>> single =
-      ExportGpt2Weights(Model(), Options(3e-3), Memory(), {&one}, &device);
+      ExportHfWeights(Model(), Options(3e-3), Memory(), {&one}, &device);
   ASSERT_TRUE(parallel.ok() && single.ok());
   ASSERT_EQ(parallel->size(), single->size());
   bool moved = false;
@@ -259,12 +259,12 @@ TEST(Gpt2ExportTest, DataRanksShardsJoin) {
     still.precision = precision;
     const std::vector<CheckpointContents> initial = TrainParallel(&device, 1, 2, still, sharded);
     absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-        ExportGpt2Weights(Model(), still, sharded, {&initial[0], &initial[1]}, &device, 2);
+        ExportHfWeights(Model(), still, sharded, {&initial[0], &initial[1]}, &device, 2);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
     ExpectGpt2Layout(*tensors);
     ExpectInitialModel(*tensors, still.seed);
     absl::StatusOr<std::vector<SafetensorsTensor>> alone =
-        ExportGpt2Weights(Model(), still, sharded, {&initial[0]}, &device);
+        ExportHfWeights(Model(), still, sharded, {&initial[0]}, &device);
     EXPECT_EQ(alone.status().code(), absl::StatusCode::kInvalidArgument) << alone.status();
 
     TrainOptions trained = Options(3e-3);
@@ -272,9 +272,9 @@ TEST(Gpt2ExportTest, DataRanksShardsJoin) {
     const std::vector<CheckpointContents> shards = TrainParallel(&device, 1, 2, trained, sharded);
     const std::vector<CheckpointContents> whole = TrainParallel(&device, 1, 2, trained, Memory());
     absl::StatusOr<std::vector<SafetensorsTensor>> joined =
-        ExportGpt2Weights(Model(), trained, sharded, {&shards[0], &shards[1]}, &device, 2);
+        ExportHfWeights(Model(), trained, sharded, {&shards[0], &shards[1]}, &device, 2);
     absl::StatusOr<std::vector<SafetensorsTensor>> replicated =
-        ExportGpt2Weights(Model(), trained, Memory(), {&whole[0]}, &device);
+        ExportHfWeights(Model(), trained, Memory(), {&whole[0]}, &device);
     ASSERT_TRUE(joined.ok()) << joined.status();
     ASSERT_TRUE(replicated.ok()) << replicated.status();
     ASSERT_EQ(joined->size(), replicated->size());
@@ -310,10 +310,10 @@ TEST(Gpt2ExportTest, DataRanksShardsJoin) {
 TEST(Gpt2ExportTest, AnotherModelIsRefused) {
   SimulatedDevice device(uint64_t{1} << 30);
   const CheckpointContents checkpoint = TrainOneRank(&device, Options(0.0), Memory());
-  GptConfig other = Model();
+  ModelConfig other = Model();
   other.layers = 3;
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ExportGpt2Weights(other, Options(0.0), Memory(), {&checkpoint}, &device);
+      ExportHfWeights(other, Options(0.0), Memory(), {&checkpoint}, &device);
   EXPECT_EQ(tensors.status().code(), absl::StatusCode::kInvalidArgument) << tensors.status();
 }
 
@@ -345,7 +345,7 @@ TEST(Gpt2ImportTest, ExportThenInitFromIsBitwise) {
     trained.precision = precision;
     const CheckpointContents checkpoint = TrainOneRank(&device, trained, Memory());
     absl::StatusOr<std::vector<SafetensorsTensor>> exported =
-        ExportGpt2Weights(Model(), trained, Memory(), {&checkpoint}, &device);
+        ExportHfWeights(Model(), trained, Memory(), {&checkpoint}, &device);
     ASSERT_TRUE(exported.ok()) << exported.status();
     const std::string path = WriteFile("exported.safetensors", *exported, Gpt2ConfigMetadata(Model()));
 
@@ -353,7 +353,7 @@ TEST(Gpt2ImportTest, ExportThenInitFromIsBitwise) {
     still.precision = precision;
     still.seed = 99;  // the values come from the file, not from the seed
     const CheckpointContents again = TrainOneRank(&device, still, Memory(), path);
-    absl::StatusOr<std::vector<SafetensorsTensor>> round = ExportGpt2Weights(Model(), still, Memory(), {&again}, &device);
+    absl::StatusOr<std::vector<SafetensorsTensor>> round = ExportHfWeights(Model(), still, Memory(), {&again}, &device);
     ASSERT_TRUE(round.ok()) << round.status();
     ASSERT_EQ(round->size(), exported->size());
     for (size_t i = 0; i < round->size(); ++i) {
@@ -362,7 +362,7 @@ TEST(Gpt2ImportTest, ExportThenInitFromIsBitwise) {
 
     const std::vector<CheckpointContents> ranks = TrainParallel(&device, 2, 1, still, Memory(), path);
     absl::StatusOr<std::vector<SafetensorsTensor>> joined =
-        ExportGpt2Weights(Model(), still, Memory(), {&ranks[0], &ranks[1]}, &device);
+        ExportHfWeights(Model(), still, Memory(), {&ranks[0], &ranks[1]}, &device);
     ASSERT_TRUE(joined.ok()) << joined.status();
     for (size_t i = 0; i < joined->size(); ++i) {
       EXPECT_EQ((*joined)[i].data, (*exported)[i].data) << (*joined)[i].name << " (two tensor ranks)";
@@ -377,7 +377,7 @@ TEST(Gpt2ImportTest, TrainingStartsFromTheFilesWeights) {
   SimulatedDevice device(uint64_t{1} << 30);
   const CheckpointContents checkpoint = TrainOneRank(&device, Options(3e-3), Memory());
   absl::StatusOr<std::vector<SafetensorsTensor>> exported =
-      ExportGpt2Weights(Model(), Options(3e-3), Memory(), {&checkpoint}, &device);
+      ExportHfWeights(Model(), Options(3e-3), Memory(), {&checkpoint}, &device);
   ASSERT_TRUE(exported.ok()) << exported.status();
   const std::string path = WriteFile("start.safetensors", *exported, {});
   class Losses : public TrainingObserver {
@@ -467,11 +467,11 @@ TEST(Gpt2ImportTest, TheConfigIsReadFromTheShapes) {
   }
   SafetensorsIndex index;
   for (const SafetensorsTensor& t : tensors) index.tensors.push_back({"transformer." + t.name, t.dtype, t.shape});
-  absl::StatusOr<GptConfig> bare = Gpt2ConfigFromWeights(index, "/nowhere/model.safetensors", 0);
+  absl::StatusOr<ModelConfig> bare = Gpt2ConfigFromWeights(index, "/nowhere/model.safetensors", 0);
   EXPECT_EQ(bare.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bare.status().message().find("set model.heads"), std::string::npos) << bare.status();
   index.metadata["n_head"] = "4";
-  absl::StatusOr<GptConfig> c = Gpt2ConfigFromWeights(index, "/nowhere/model.safetensors", 0);
+  absl::StatusOr<ModelConfig> c = Gpt2ConfigFromWeights(index, "/nowhere/model.safetensors", 0);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->layers, 2);
   EXPECT_EQ(c->hidden, 32);

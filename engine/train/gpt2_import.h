@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/model/gpt.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 
 namespace ferry {
 
@@ -21,6 +21,14 @@ namespace ferry {
 // (GptImpl::SetInitialValues) as it is initialised: `model` must be built
 // deferred, its values not yet written. A tensor that cannot be read then
 // throws a StatusException (DATA_LOSS naming the file and the tensor).
-absl::Status InitFromGpt2Weights(const std::string& path, const GptConfig& config, GptImpl& model);
+absl::Status InitFromGpt2Weights(const std::string& path, const ModelConfig& config, GptImpl& model);
+
+// The same for any family: `path` a safetensors file or a Hugging Face
+// model folder (engine/checkpoint/model_files.h) in the family's layout
+// (engine/model/hf_layout.h), checked with CheckHfWeights; each parameter
+// assembled from its tensors (a fused layer's from several) as it is
+// initialised, one parameter beside the chunks at a time. GPT-2 files go
+// through InitFromGpt2Weights.
+absl::Status InitFromWeights(const std::string& path, const ModelConfig& config, GptImpl& model);
 
 }  // namespace ferry

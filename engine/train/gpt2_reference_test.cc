@@ -29,7 +29,7 @@
 #include "engine/checkpoint/safetensors.h"
 #include "engine/data/token_file_source.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/parallel/communicator.h"
 #include "engine/train/gpt2_export.h"
 #include "engine/train/trainer.h"
@@ -38,8 +38,8 @@ namespace ferry {
 namespace {
 
 // One setting for both sides: the script is given these.
-GptConfig Model() {
-  GptConfig c;
+ModelConfig Model() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 64;
   c.heads = 4;
@@ -71,7 +71,7 @@ TrainOptions Options(TrainOptions::Precision precision) {
 }
 
 std::string ReferenceArgs() {
-  const GptConfig m = Model();
+  const ModelConfig m = Model();
   const TrainOptions o = Options(TrainOptions::Precision::kFp32);
   return absl::StrCat(" --layers ", m.layers, " --hidden ", m.hidden, " --heads ", m.heads, " --vocab ", m.vocab_size,
                       " --seq_len ", m.seq_len, " --batch ", o.batch_size, " --steps ", o.steps, " --lr ", o.lr,
@@ -219,7 +219,7 @@ Trained Train(const std::string& init_from, const TrainOptions& options, std::op
     checkpoints.push_back(&*c);
   }
   absl::StatusOr<std::vector<SafetensorsTensor>> exported =
-      ExportGpt2Weights(Model(), options, *memory, checkpoints, &device);
+      ExportHfWeights(Model(), options, *memory, checkpoints, &device);
   if (!exported.ok()) {
     run.status = exported.status();
     return run;

@@ -36,8 +36,8 @@ class LossRecorder : public TrainingObserver {
   std::map<Collective, uint64_t> wire_bytes;
 };
 
-GptConfig Model() {
-  GptConfig c;
+ModelConfig Model() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 64;
   c.heads = 4;
@@ -62,7 +62,7 @@ std::unique_ptr<TokenSource> Data() { return std::make_unique<SyntheticSource>(6
 
 // Rank 0's recorder for a world of tensor x data ranks.
 LossRecorder TrainParallel(SimulatedDevice* device, int tensor, int data, MemoryOptions memory = {},
-                           TrainOptions train = Options(), GptConfig model = Model()) {
+                           TrainOptions train = Options(), ModelConfig model = Model()) {
   c10::intrusive_ptr<c10d::Store> store = MakeInProcessStore();
   const int world = tensor * data;
   std::vector<LossRecorder> recorders(static_cast<size_t>(world));
@@ -245,7 +245,7 @@ TEST(ParallelTrainerTest, ShardedOptimizerStatesOnTheHostAndOnDisk) {
   // more of them than the disk tier's staging: the states must go to disk.
   disk.host_budget_bytes = 5 << 19;
   disk.chunk_elements = 65536;
-  GptConfig deeper = Model();
+  ModelConfig deeper = Model();
   deeper.layers = 8;
   disk.disk_dir = testing::EmptyTestPath("sharded-disk-tier");
   disk.disk_budget_bytes = 1ull << 30;
@@ -256,7 +256,7 @@ TEST(ParallelTrainerTest, ShardedOptimizerStatesOnTheHostAndOnDisk) {
     train.overlap_optimizer = true;
     train.grad_clip = 0.5;  // clipping active: the norm is every shard's
     SCOPED_TRACE(name);
-    const GptConfig model = std::string(name) == "disk" ? deeper : Model();
+    const ModelConfig model = std::string(name) == "disk" ? deeper : Model();
     const LossRecorder whole = TrainParallel(&device, 1, 2, memory, train, model);
     MemoryOptions full = memory;
     full.shard = MemoryOptions::Shard::kFull;

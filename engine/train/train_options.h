@@ -9,7 +9,7 @@ namespace ferry {
 struct TrainOptions {
   // Optimizer steps.
   int64_t steps = 100;
-  // Sequences per step (optimizer update); each holds `GptConfig::seq_len`
+  // Sequences per step (optimizer update); each holds `ModelConfig::seq_len`
   // tokens.
   int64_t batch_size = 8;
   // Gradient accumulation: each step's batch runs as this many micro-batches

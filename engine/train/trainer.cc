@@ -400,9 +400,17 @@ class ChunkedEngine : public StepEngine {
     return EvalForward(tokens, [&](const torch::Tensor& x) { return model_->LastLogits(x); });
   }
 
+  // The same for positions after those `cache` holds, which it then holds
+  // too (generation).
+  at::Tensor CachedLastLogits(const torch::Tensor& tokens, KvCache* cache) {
+    return EvalForward(tokens, [&](const torch::Tensor& x) { return model_->LastLogits(x); }, cache);
+  }
+
   // The forward in evaluation mode (no dropout, no gradients), each stage's
-  // chunks fetched as it needs them; `head` runs as the last stage.
-  at::Tensor EvalForward(const torch::Tensor& tokens, const std::function<at::Tensor(const at::Tensor&)>& head) {
+  // chunks fetched as it needs them; `head` runs as the last stage. With
+  // `cache`, of the positions after its.
+  at::Tensor EvalForward(const torch::Tensor& tokens, const std::function<at::Tensor(const at::Tensor&)>& head,
+                         KvCache* cache = nullptr) {
     GptImpl& gpt = *model_;
     gpt.eval();
     manager_->BeginEval();
@@ -410,9 +418,13 @@ class ChunkedEngine : public StepEngine {
       manager_->EndEval();
       gpt.train();
     });
-    torch::Tensor x = manager_->RunStage(0, tokens, [&](const torch::Tensor& t) { return gpt.Embed(t); });
+    const int64_t first = cache != nullptr ? cache->positions() : 0;
+    if (cache != nullptr) cache->layers.resize(static_cast<size_t>(gpt.block_count()));
+    torch::Tensor x = manager_->RunStage(0, tokens, [&](const torch::Tensor& t) { return gpt.Embed(t, first); });
     for (int64_t i = 0; i < gpt.block_count(); ++i) {
-      x = manager_->RunStage(static_cast<int>(1 + i), x, [&](const torch::Tensor& t) { return gpt.block(i).forward(t); });
+      KvCacheLayer* layer = cache != nullptr ? &cache->layers[static_cast<size_t>(i)] : nullptr;
+      x = manager_->RunStage(static_cast<int>(1 + i), x,
+                             [&](const torch::Tensor& t) { return gpt.block(i).forward(t, layer); });
     }
     return manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x, head);
   }
@@ -433,7 +445,7 @@ class ChunkedEngine : public StepEngine {
       : model_(std::move(model)), train_(train), device_(device), groups_(groups), observer_(observer) {}
 
   absl::Status Init(MemoryOptions memory) {
-    // Buffers (the causal mask) live on the device; parameters go to chunks.
+    // Buffers (the rotary tables) live on the device; parameters go to chunks.
     for (torch::Tensor& b : model_->buffers()) {
       b.set_data(b.detach().to(device_->compute_device(), /*non_blocking=*/false, /*copy=*/true));
     }
@@ -441,7 +453,7 @@ class ChunkedEngine : public StepEngine {
     std::map<std::string, int> index;
     for (const auto& item : model_->named_parameters()) {
       index[item.key()] = static_cast<int>(params.size());
-      params.push_back({item.key(), item.value(), Decays(item.value()), !IsTensorParallelShard(item.key())});
+      params.push_back({item.key(), item.value(), Decays(item.value()), !IsTensorParallelShard(model_->config(), item.key())});
     }
     // A model built without its values gets them straight in its chunks,
     // one parameter at a time.
@@ -451,22 +463,18 @@ class ChunkedEngine : public StepEngine {
         params[i].init_scratch_bytes = model_->InitialValueScratchBytes(i);
       }
     }
-    auto of = [&](std::initializer_list<const char*> names) {
-      std::vector<int> ids;
-      for (const char* n : names) ids.push_back(index.at(n));
-      return ids;
-    };
+    // Stages as the model's shapes say (the embeddings, each block, the
+    // head); a tied output layer is the embedding's weight, used by both.
     std::vector<StageParams> stages;
-    stages.push_back({"embed", of({"wte.weight", "wpe.weight"})});
+    stages.push_back({"embed", {}});
     for (int64_t i = 0; i < model_->block_count(); ++i) {
-      const std::string prefix = absl::StrCat("h.", i, ".");
-      std::vector<int> ids;
-      for (const auto& [name, id] : index) {
-        if (name.rfind(prefix, 0) == 0) ids.push_back(id);
-      }
-      stages.push_back({absl::StrCat("h.", i), ids, /*recomputable=*/true});
+      stages.push_back({absl::StrCat("h.", i), {}, /*recomputable=*/true});
     }
-    stages.push_back({"head", of({"ln_f.weight", "ln_f.bias", "wte.weight"})});
+    stages.push_back({"head", {}});
+    for (const ParameterShape& shape : ModelParameterShapes(model_->config())) {
+      stages.at(static_cast<size_t>(shape.stage)).params.push_back(index.at(shape.name));
+    }
+    if (model_->config().tied) stages.back().params.push_back(index.at("wte.weight"));
     if (memory.chunk_step_elements <= 0) memory.chunk_step_elements = model_->config().hidden;
     OptimizerOptions optimizer;
     optimizer.beta1 = train_.beta1;
@@ -560,7 +568,7 @@ class ChunkedEngine : public StepEngine {
 
 }  // namespace
 
-Trainer::Trainer(GptConfig model, TrainOptions options, EngineOptions engine,
+Trainer::Trainer(ModelConfig model, TrainOptions options, EngineOptions engine,
                  std::unique_ptr<TokenSource> data, TrainingObserver* observer)
     : model_config_(model),
       options_(options),
@@ -610,7 +618,7 @@ absl::Status Trainer::RunSteps() {
                                                         : GptImpl::ParameterInit::kNow);
     model->train();
     if (from_file) {
-      RETURN_IF_ERROR(InitFromGpt2Weights(engine_.init_from, model_config_, *model));
+      RETURN_IF_ERROR(InitFromWeights(engine_.init_from, model_config_, *model));
       // The plain loop holds the model whole.
       if (!engine_.memory.has_value()) {
         RETURN_IF_ERROR(CallTorch(absl::StrCat("reading ", engine_.init_from), [&] { model->Materialize(); }));
@@ -858,7 +866,7 @@ absl::Status CheckRestoring(const MemoryDevice* device, int tensor_rank, int ten
 // One rank's parameters from its checkpoint; `data`, when set, is the group
 // its chunks are sharded over (every rank of it restores its own checkpoint
 // beside, and the masters' shards are gathered).
-absl::StatusOr<NamedTensors> RestoreRank(const GptConfig& model, const TrainOptions& options,
+absl::StatusOr<NamedTensors> RestoreRank(const ModelConfig& model, const TrainOptions& options,
                                          const MemoryOptions& memory, const CheckpointContents& checkpoint,
                                          MemoryDevice* device, int tensor_rank, int tensor_ranks, int world_rank,
                                          Communicator* data) {
@@ -897,7 +905,7 @@ absl::StatusOr<NamedTensors> RestoreRank(const GptConfig& model, const TrainOpti
 
 }  // namespace
 
-absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+absl::StatusOr<NamedTensors> RestoreParameters(const ModelConfig& model, const TrainOptions& options,
                                                const MemoryOptions& memory, const CheckpointContents& checkpoint,
                                                MemoryDevice* device, int tensor_rank, int tensor_ranks,
                                                int world_rank) {
@@ -905,7 +913,7 @@ absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const Tra
   return RestoreRank(model, options, memory, checkpoint, device, tensor_rank, tensor_ranks, world_rank, nullptr);
 }
 
-absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+absl::StatusOr<NamedTensors> RestoreParameters(const ModelConfig& model, const TrainOptions& options,
                                                const MemoryOptions& memory,
                                                const std::vector<const CheckpointContents*>& data_ranks,
                                                MemoryDevice* device, int tensor_rank, int tensor_ranks) {
@@ -951,21 +959,44 @@ absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const Tra
 
 namespace {
 
+// New positions for a cache: one row, at least one token, within seq_len.
+absl::Status CheckAppend(const ModelConfig& config, const KvCache& cache, const at::Tensor& tokens) {
+  if (tokens.dim() != 2 || tokens.size(0) != 1 || tokens.size(1) < 1) {
+    return absl::InvalidArgumentError("cached generation takes one row of at least one token");
+  }
+  if (cache.positions() + tokens.size(1) > config.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("cached generation: ", cache.positions(), " positions cached and ",
+                                                   tokens.size(1), " more are beyond seq_len ", config.seq_len,
+                                                   "; reset the cache"));
+  }
+  return absl::OkStatus();
+}
+
 // Through the chunks: the memory manager places them on the device.
 class ChunkedInferenceModel : public InferenceModel {
  public:
-  ChunkedInferenceModel(const GptConfig& config, std::unique_ptr<ChunkedEngine> engine,
+  ChunkedInferenceModel(const ModelConfig& config, std::unique_ptr<ChunkedEngine> engine,
                         std::unique_ptr<SilentObserver> observer, std::unique_ptr<Communicator> data)
       : config_(config), observer_(std::move(observer)), data_(std::move(data)), engine_(std::move(engine)) {}
 
-  const GptConfig& config() const override { return config_; }
+  const ModelConfig& config() const override { return config_; }
 
-  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override {
+  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override { return Logits(tokens, nullptr); }
+  absl::StatusOr<at::Tensor> AppendLogits(const at::Tensor& tokens) override {
+    RETURN_IF_ERROR(CheckAppend(config_, cache_, tokens));
+    return Logits(tokens, &cache_);
+  }
+  void ResetCache() override { cache_.Clear(); }
+  int64_t cached_positions() const override { return cache_.positions(); }
+
+ private:
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) {
     at::Tensor logits;
     RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
       try {
-        logits = engine_->LastLogits(tokens).to(at::kCPU);
+        logits = engine_->CachedLastLogits(tokens, cache).to(at::kCPU);
       } catch (const c10::OutOfMemoryError& e) {
+        if (cache != nullptr) cache->Clear();
         return absl::ResourceExhaustedError(engine_->ExplainOutOfMemory(e.what_without_backtrace()));
       }
       return absl::OkStatus();
@@ -973,8 +1004,8 @@ class ChunkedInferenceModel : public InferenceModel {
     return logits;
   }
 
- private:
-  GptConfig config_;
+  KvCache cache_;
+  ModelConfig config_;
   std::unique_ptr<SilentObserver> observer_;  // the engine's, outlives it
   std::unique_ptr<Communicator> data_;        // the engine's shape of its data group, outlives it
   std::unique_ptr<ChunkedEngine> engine_;
@@ -983,19 +1014,32 @@ class ChunkedInferenceModel : public InferenceModel {
 // The whole model on the device, in fp32.
 class WholeInferenceModel : public InferenceModel {
  public:
-  WholeInferenceModel(const GptConfig& config, Gpt model, MemoryDevice* device)
+  WholeInferenceModel(const ModelConfig& config, Gpt model, MemoryDevice* device)
       : config_(config), model_(std::move(model)), device_(device) {}
 
-  const GptConfig& config() const override { return config_; }
+  const ModelConfig& config() const override { return config_; }
 
-  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override {
+  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override { return Logits(tokens, nullptr); }
+  absl::StatusOr<at::Tensor> AppendLogits(const at::Tensor& tokens) override {
+    RETURN_IF_ERROR(CheckAppend(config_, cache_, tokens));
+    return Logits(tokens, &cache_);
+  }
+  void ResetCache() override { cache_.Clear(); }
+  int64_t cached_positions() const override { return cache_.positions(); }
+
+ private:
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) {
     at::Tensor logits;
     RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
       try {
         torch::NoGradGuard no_grad;
         GptImpl& gpt = *model_;
-        torch::Tensor x = gpt.Embed(tokens.to(device_->compute_device()));
-        for (int64_t i = 0; i < gpt.block_count(); ++i) x = gpt.block(i).forward(x);
+        const int64_t first = cache != nullptr ? cache->positions() : 0;
+        if (cache != nullptr) cache->layers.resize(static_cast<size_t>(gpt.block_count()));
+        torch::Tensor x = gpt.Embed(tokens.to(device_->compute_device()), first);
+        for (int64_t i = 0; i < gpt.block_count(); ++i) {
+          x = gpt.block(i).forward(x, cache != nullptr ? &cache->layers[static_cast<size_t>(i)] : nullptr);
+        }
         logits = gpt.LastLogits(x).to(at::kCPU);
       } catch (const c10::OutOfMemoryError& e) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -1006,13 +1050,13 @@ class WholeInferenceModel : public InferenceModel {
     return logits;
   }
 
- private:
-  GptConfig config_;
+  KvCache cache_;
+  ModelConfig config_;
   Gpt model_;
   MemoryDevice* device_;
 };
 
-absl::Status CheckSingleRankConfig(const GptConfig& model, MemoryDevice* device) {
+absl::Status CheckSingleRankConfig(const ModelConfig& model, MemoryDevice* device) {
   if (device == nullptr) return absl::InvalidArgumentError("no device");
   if (model.layers < 1 || model.hidden < 1 || model.heads < 1 || model.vocab_size < 1 || model.seq_len < 1) {
     return absl::InvalidArgumentError("the model's shape is empty");
@@ -1022,7 +1066,7 @@ absl::Status CheckSingleRankConfig(const GptConfig& model, MemoryDevice* device)
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptConfig& model,
+absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const ModelConfig& model,
                                                                       const TrainOptions& options,
                                                                       const MemoryOptions& memory,
                                                                       const CheckpointContents& checkpoint,
@@ -1061,7 +1105,7 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptC
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const GptConfig& model,
+absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const ModelConfig& model,
                                                                    const TrainOptions& options,
                                                                    const std::optional<MemoryOptions>& memory,
                                                                    MemoryDevice* device) {
@@ -1072,7 +1116,7 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::st
     {
       HostAllocationScope host;
       gpt = Gpt(model, nullptr, GptImpl::ParameterInit::kDeferred);
-      RETURN_IF_ERROR(InitFromGpt2Weights(path, model, *gpt));
+      RETURN_IF_ERROR(InitFromWeights(path, model, *gpt));
       if (!memory.has_value()) gpt->Materialize();
     }
     if (!memory.has_value()) {

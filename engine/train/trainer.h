@@ -12,7 +12,7 @@
 #include "engine/data/token_source.h"
 #include "engine/memory/chunk_manager.h"
 #include "engine/memory/memory_device.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/model_config.h"
 #include "engine/parallel/communicator.h"
 #include "engine/train/train_options.h"
 #include "engine/train/training_observer.h"
@@ -68,7 +68,7 @@ struct EngineOptions {
 class Trainer {
  public:
   // `observer` must outlive the trainer.
-  Trainer(GptConfig model, TrainOptions options, EngineOptions engine,
+  Trainer(ModelConfig model, TrainOptions options, EngineOptions engine,
           std::unique_ptr<TokenSource> data, TrainingObserver* observer);
 
   // Trains for options.steps steps. OK when done; CANCELLED when the observer
@@ -80,7 +80,7 @@ class Trainer {
  private:
   absl::Status RunSteps();
 
-  GptConfig model_config_;
+  ModelConfig model_config_;
   TrainOptions options_;
   EngineOptions engine_;
   std::unique_ptr<TokenSource> data_;
@@ -99,7 +99,7 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // nothing goes onto `device` (any device: the chunks' host copies hold the
 // values). INVALID_ARGUMENT when the checkpoint is of another model,
 // precision or layout.
-absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+absl::StatusOr<NamedTensors> RestoreParameters(const ModelConfig& model, const TrainOptions& options,
                                                const MemoryOptions& memory, const CheckpointContents& checkpoint,
                                                MemoryDevice* device, int tensor_rank = 0, int tensor_ranks = 1,
                                                int world_rank = 0);
@@ -110,7 +110,7 @@ absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const Tra
 // mixed-precision masters: every checkpoint is restored as its rank's, the
 // ranks run as threads of this process meeting over Gloo, and the shards
 // are joined. Otherwise any rank holds the whole and the first is read.
-absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const TrainOptions& options,
+absl::StatusOr<NamedTensors> RestoreParameters(const ModelConfig& model, const TrainOptions& options,
                                                const MemoryOptions& memory,
                                                const std::vector<const CheckpointContents*>& data_ranks,
                                                MemoryDevice* device, int tensor_rank, int tensor_ranks);
@@ -121,13 +121,21 @@ absl::StatusOr<NamedTensors> RestoreParameters(const GptConfig& model, const Tra
 class InferenceModel {
  public:
   virtual ~InferenceModel() = default;
-  virtual const GptConfig& config() const = 0;
+  virtual const ModelConfig& config() const = 0;
   // tokens: [batch, time] int64 on the CPU, 1 <= time <= seq_len -> the fp32
   // logits of each row's last position, [batch, vocab_size], on the CPU
   // (only that position's head is computed). No dropout, no gradients.
   // RESOURCE_EXHAUSTED, saying what to change, out of device memory;
   // INTERNAL for other LibTorch errors.
   virtual absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) = 0;
+  // Generation with a key/value cache: the fp32 logits of the last of
+  // `tokens` ([1, time] int64 on the CPU), the positions after those cached
+  // so far (none after ResetCache), whose keys and values join the cache.
+  // Only the new positions are computed; the cached ones are attended to.
+  // INVALID_ARGUMENT past seq_len positions in all.
+  virtual absl::StatusOr<at::Tensor> AppendLogits(const at::Tensor& tokens) = 0;
+  virtual void ResetCache() = 0;
+  virtual int64_t cached_positions() const = 0;
 };
 
 // From a checkpoint of a job without tensor parallelism (its "rank0.*"
@@ -139,7 +147,7 @@ class InferenceModel {
 // as its forward needs them, so a model larger than the device runs.
 // INVALID_ARGUMENT when the checkpoint is of another model, precision or
 // layout. `device` must outlive the model.
-absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptConfig& model,
+absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const ModelConfig& model,
                                                                       const TrainOptions& options,
                                                                       const MemoryOptions& memory,
                                                                       const CheckpointContents& checkpoint,
@@ -150,7 +158,7 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const GptC
 // otherwise): with `memory`, in chunks placed by the memory manager as
 // above (options.precision gives their type); without, whole on `device`
 // in fp32. `device` must outlive the model.
-absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const GptConfig& model,
+absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const ModelConfig& model,
                                                                    const TrainOptions& options,
                                                                    const std::optional<MemoryOptions>& memory,
                                                                    MemoryDevice* device);

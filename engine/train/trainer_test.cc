@@ -50,8 +50,8 @@ class RecordingObserver : public TrainingObserver {
   int stop_asks = 0;
 };
 
-GptConfig TinyModel() {
-  GptConfig c;
+ModelConfig TinyModel() {
+  ModelConfig c;
   c.layers = 2;
   c.hidden = 64;
   c.heads = 4;
@@ -82,7 +82,7 @@ struct TrainRun {
   RecordingObserver observer;
 };
 
-std::unique_ptr<TrainRun> Train(GptConfig model, TrainOptions train, uint64_t capacity,
+std::unique_ptr<TrainRun> Train(ModelConfig model, TrainOptions train, uint64_t capacity,
                            std::optional<MemoryOptions> memory, uint64_t data_seed = 1) {
   auto run = std::make_unique<TrainRun>();
   SimulatedDevice device(capacity);
@@ -264,8 +264,8 @@ TEST(TrainerTest, DivergenceFailsWithAnActionableMessage) {
 // A 6-layer model whose parameters, not its activations, fill the device
 // (short sequences, small batches), and the device memory its steady step
 // needs under each placement, from an unconstrained run's trace.
-GptConfig SixLayers() {
-  GptConfig c = TinyModel();
+ModelConfig SixLayers() {
+  ModelConfig c = TinyModel();
   c.layers = 6;
   c.hidden = 128;
   c.seq_len = 16;
@@ -466,8 +466,8 @@ TEST(TrainerTest, AutoCompletesWhereStaticRunsOutOfMemory) {
 
 // Activations, not weights, fill the device: long-ish sequences, a wide
 // batch, dropout on.
-GptConfig ActivationHeavy() {
-  GptConfig c = TinyModel();
+ModelConfig ActivationHeavy() {
+  ModelConfig c = TinyModel();
   c.layers = 6;
   c.seq_len = 64;
   c.dropout = 0.1;
@@ -609,7 +609,7 @@ TEST(TrainerTest, ResumingFromACheckpointIsTheSameTrainingBitForBit) {
     ExpectSameSteps(run->observer.reports, 6, resumed->observer.reports);
 
     // A checkpoint of another model is refused with what differs.
-    GptConfig other = ActivationHeavy();
+    ModelConfig other = ActivationHeavy();
     other.layers = 5;
     SimulatedDevice device(kAmple);
     EngineOptions engine;
@@ -694,7 +694,7 @@ TEST(TrainerTest, AStreamedCheckpointResumesIntoTheTiersBitForBit) {
 // the model's data) trains, the gradients and most optimizer states on
 // disk, bit for bit as a run that keeps everything on the host.
 TEST(TrainerTest, FourBytesOfHostMemoryAParameterTrainsFromDiskBitForBit) {
-  GptConfig model = TinyModel();
+  ModelConfig model = TinyModel();
   model.hidden = 256;
   model.heads = 4;
   model.vocab_size = 2048;
@@ -743,7 +743,7 @@ TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {
 // period's chunks just before it, and the steady steps after it must fit the
 // device without running out of memory.
 TEST(TrainerTest, Bf16Gpt2SmallTrainsOnA256MiBDevice) {
-  absl::StatusOr<GptConfig> model = GptPreset("gpt2-small");
+  absl::StatusOr<ModelConfig> model = ModelPreset("gpt2-small");
   ASSERT_TRUE(model.ok()) << model.status();
   model->seq_len = 256;
   model->dropout = 0.0;
@@ -768,7 +768,7 @@ TEST(TrainerTest, Bf16Gpt2SmallTrainsOnA256MiBDevice) {
   }
 }
 
-std::unique_ptr<TrainRun> TrainWithEval(GptConfig model, TrainOptions train, uint64_t capacity,
+std::unique_ptr<TrainRun> TrainWithEval(ModelConfig model, TrainOptions train, uint64_t capacity,
                                         std::optional<MemoryOptions> memory, TokenSource* eval) {
   auto run = std::make_unique<TrainRun>();
   SimulatedDevice device(capacity);
@@ -784,7 +784,7 @@ std::unique_ptr<TrainRun> TrainWithEval(GptConfig model, TrainOptions train, uin
 // through the chunks as they move (a tight device), and leaves training as
 // it was: the same losses and weights bit for bit, dropout included.
 TEST(TrainerTest, EvaluationSeesTheSameWindowsAndLeavesTrainingAlone) {
-  GptConfig model = SixLayers();
+  ModelConfig model = SixLayers();
   model.dropout = 0.1;
   auto ample = Train(model, Small(6), kAmple, MemoryOptions());
   ASSERT_TRUE(ample->status.ok()) << ample->status;
@@ -877,7 +877,7 @@ struct WeightedRun {
   std::vector<std::pair<std::string, at::Tensor>> weights;
 };
 
-WeightedRun TrainKeepingWeights(GptConfig model, TrainOptions train, uint64_t capacity,
+WeightedRun TrainKeepingWeights(ModelConfig model, TrainOptions train, uint64_t capacity,
                                 std::optional<MemoryOptions> memory) {
   WeightedRun r;
   SimulatedDevice device(capacity);
@@ -932,7 +932,7 @@ void ExpectSameTraining(const WeightedRun& whole, const WeightedRun& accumulated
 // chunks move: homed on an ample device, streamed under static on a tight
 // one, moved under auto on a tight one, and with every block recomputed.
 TEST(TrainerTest, GradientAccumulationIsTheSameTraining) {
-  GptConfig model = TinyModel();
+  ModelConfig model = TinyModel();
   model.dropout = 0.1;
   TrainOptions o = Quick(4);
   auto ample = Train(model, Quick(2), kAmple, MemoryOptions());

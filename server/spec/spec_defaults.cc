@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/model_files.h"
 
 namespace ferry {
 
@@ -21,24 +22,25 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
                                                    kMaxPresetLength, " characters)"));
   }
   const std::string base = model->preset().empty() ? "gpt2-tiny" : model->preset();
-  absl::StatusOr<GptConfig> preset = GptPreset(base);
+  absl::StatusOr<ModelConfig> preset = ModelPreset(base);
   if (!preset.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model.preset: ", preset.status().message()));
   }
   const bool no_architecture = model->preset().empty() && model->layers() == 0 && model->hidden() == 0 &&
                                model->heads() == 0 && model->vocab_size() == 0 && model->seq_len() == 0;
   if (!model->init_from().empty() && model->preset().empty()) {
-    // The architecture fields left unset are read from the weights file
-    // (ResolveModelFromWeights, where the file can be read); only dropout has
-    // a default here, GPT-2's.
-    if (!model->has_dropout()) model->set_dropout(0.1);
+    // The architecture fields left unset are read from the weights file or
+    // the model folder's config.json (ResolveModelFromWeights, where they
+    // can be read); only dropout has a default here: GPT-2's for a GPT-2
+    // file, none for a model folder (the Llama family fine-tunes without).
+    if (!model->has_dropout()) model->set_dropout(ModelFiles::IsFolder(model->init_from()) ? 0.0 : 0.1);
   } else {
     if (no_architecture) model->set_preset(base);
-    if (model->layers() == 0) model->set_layers(static_cast<uint32_t>(preset->layers));
-    if (model->hidden() == 0) model->set_hidden(static_cast<uint32_t>(preset->hidden));
-    if (model->heads() == 0) model->set_heads(static_cast<uint32_t>(preset->heads));
-    if (model->vocab_size() == 0) model->set_vocab_size(static_cast<uint32_t>(preset->vocab_size));
-    if (model->seq_len() == 0) model->set_seq_len(static_cast<uint32_t>(preset->seq_len));
+    // A preset's architecture, unless the job file names another family.
+    if (!model->has_architecture() || model->architecture().model_type().empty() ||
+        model->architecture().model_type() == preset->model_type) {
+      SetModelArchitecture(*preset, model);
+    }
     if (!model->has_dropout()) model->set_dropout(preset->dropout);
   }
 
@@ -125,8 +127,60 @@ absl::StatusOr<JobSpec> WithDefaults(const JobSpec& spec) {
   return out;
 }
 
-GptConfig ToGptConfig(const ferry::v1::ModelSpec& model) {
-  GptConfig c;
+void SetModelArchitecture(const ModelConfig& c, ferry::v1::ModelSpec* model) {
+  auto fill = [](uint32_t value, int64_t from) {
+    return value != 0 ? value : static_cast<uint32_t>(std::min<int64_t>(from, UINT32_MAX));
+  };
+  model->set_layers(fill(model->layers(), c.layers));
+  model->set_hidden(fill(model->hidden(), c.hidden));
+  model->set_heads(fill(model->heads(), c.heads));
+  model->set_vocab_size(fill(model->vocab_size(), c.vocab_size));
+  model->set_seq_len(fill(model->seq_len(), c.seq_len));
+  // GPT-2's is the default architecture, recorded by no message (so GPT-2
+  // jobs' specs, and their checkpoints' fingerprints, are what they were).
+  if (c.model_type == "gpt2" && !model->has_architecture()) return;
+  // The job file's own architecture fields win too; a bool cannot say it
+  // was set, so `untied` is the config's unless the file named the family.
+  ferry::v1::ModelArchitecture* a = model->mutable_architecture();
+  const bool named = !a->model_type().empty();
+  auto fill_u = [&](uint32_t value, int64_t from) { return value != 0 ? value : fill(0, from); };
+  auto fill_d = [](double value, double from) { return value != 0 ? value : from; };
+  if (!named) a->set_model_type(c.model_type);
+  a->set_kv_heads(fill_u(a->kv_heads(), c.kv_heads));
+  a->set_head_dim(fill_u(a->head_dim(), c.head_dim));
+  a->set_intermediate(fill_u(a->intermediate(), c.intermediate));
+  a->set_norm_eps(fill_d(a->norm_eps(), c.norm_eps));
+  a->set_rope_theta(fill_d(a->rope_theta(), c.rope_theta));
+  const RopeScaling& r = c.rope_scaling;
+  if (a->rope_scaling().empty() && r.type != RopeScaling::Type::kNone) {
+    a->set_rope_scaling(r.type == RopeScaling::Type::kLinear ? "linear" : "llama3");
+    a->set_rope_factor(fill_d(a->rope_factor(), r.factor));
+    a->set_rope_low_freq_factor(fill_d(a->rope_low_freq_factor(), r.low_freq_factor));
+    a->set_rope_high_freq_factor(fill_d(a->rope_high_freq_factor(), r.high_freq_factor));
+    a->set_rope_original_max_positions(fill_u(a->rope_original_max_positions(), r.original_max_positions));
+  }
+  if (!named) a->set_untied(!c.tied);
+  a->set_max_positions(fill_u(a->max_positions(), c.max_positions));
+}
+
+ModelConfig ToModelConfig(const ferry::v1::ModelSpec& model) {
+  const ferry::v1::ModelArchitecture& a = model.architecture();
+  // An unknown type is the validator's to refuse; GPT-2's meanwhile.
+  ModelConfig c = ModelFamily(a.model_type().empty() ? "gpt2" : a.model_type()).value_or(ModelConfig{});
+  c.kv_heads = a.kv_heads();
+  c.head_dim = a.head_dim();
+  c.intermediate = a.intermediate();
+  if (a.norm_eps() > 0) c.norm_eps = a.norm_eps();
+  if (a.rope_theta() > 0) c.rope_theta = a.rope_theta();
+  if (a.rope_scaling() == "linear" || a.rope_scaling() == "llama3") {
+    c.rope_scaling.type = a.rope_scaling() == "linear" ? RopeScaling::Type::kLinear : RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = a.rope_factor();
+    c.rope_scaling.low_freq_factor = a.rope_low_freq_factor();
+    c.rope_scaling.high_freq_factor = a.rope_high_freq_factor();
+    c.rope_scaling.original_max_positions = a.rope_original_max_positions();
+  }
+  c.tied = !a.untied();
+  c.max_positions = a.max_positions();
   c.layers = model.layers();
   c.hidden = model.hidden();
   c.heads = model.heads();

@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,11 +19,13 @@
 #include "absl/strings/str_join.h"
 #include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
+#include "engine/checkpoint/model_files.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/data/token_file.h"
 #include "engine/memory/chunk_layout.h"
 #include "engine/model/gpt2_weights.h"
-#include "engine/model/gpt_config.h"
+#include "engine/model/hf_layout.h"
+#include "engine/model/model_config.h"
 #include "ferry/v1/options.pb.h"
 #include "server/spec/size.h"
 #include "server/spec/spec_defaults.h"
@@ -153,6 +157,14 @@ bool CheckModel(Problems& p, const ferry::v1::ModelSpec& m) {
   }
   if (!(m.dropout() >= 0.0 && m.dropout() < 1.0)) {
     local.Invalid(absl::StrCat("model.dropout: ", m.dropout(), " is out of range; use 0 to below 1"));
+  }
+  const std::string& type = m.architecture().model_type();
+  if (absl::StatusOr<ModelConfig> family = ModelFamily(type.empty() ? "gpt2" : type); !family.ok()) {
+    local.Invalid(absl::StrCat("model.architecture.model_type: ", family.status().message()));
+  } else if (local.empty()) {
+    // The architecture holds together (key/value heads, head size, context
+    // within the model's positions, rope scaling).
+    if (absl::Status s = CheckModelConfig(ToModelConfig(m)); !s.ok()) local.Invalid(std::string(s.message()));
   }
   const bool ok = local.empty();
   p.Append(local);
@@ -484,7 +496,16 @@ bool CheckParallel(Problems& p, const JobSpec& spec) {
     p.Invalid(absl::StrCat("parallel.tensor: ", t, " ranks cannot split model.vocab_size (", m.vocab_size(),
                            "); pad the vocabulary to a multiple of ", t));
   }
-  const bool splits = t == 1 || (m.heads() % t == 0 && m.vocab_size() % t == 0);
+  bool splits = t == 1 || (m.heads() % t == 0 && m.vocab_size() % t == 0);
+  // Grouped-query attention splits whole key/value heads, SwiGLU whole
+  // columns: a tensor size that does not divide them is refused (rather
+  // than repeating key/value heads on several ranks).
+  if (splits && t > 1 && m.heads() > 0 && m.hidden() > 0) {
+    if (absl::Status s = CheckModelConfig(ToModelConfig(m), static_cast<int>(t)); !s.ok()) {
+      p.Invalid(std::string(s.message()));
+      splits = false;
+    }
+  }
   if (parallel.data() > 1 && spec.train().batch_size() % parallel.data() != 0) {
     p.Invalid(absl::StrCat("train.batch_size: ", spec.train().batch_size(), " does not split across ",
                            parallel.data(), " data-parallel ranks; use a multiple of ", parallel.data()));
@@ -564,7 +585,7 @@ void CheckFieldsByType(Problems& p, const google::protobuf::Message& message, co
 }  // namespace
 
 uint64_t TrainingStateBytes(const ferry::v1::ModelSpec& model) {
-  const int64_t params = ToGptConfig(model).ParameterCount();
+  const int64_t params = ToModelConfig(model).ParameterCount();
   return params > 0 ? static_cast<uint64_t>(params) * 16 : 0;
 }
 
@@ -598,12 +619,12 @@ absl::StatusOr<DiskFacts> ProbeDisk(const std::string& dir) {
 }
 
 absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
-  const GptConfig config = ToGptConfig(spec.model());
+  const ModelConfig config = ToModelConfig(spec.model());
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
   std::vector<int64_t> numels;
   std::vector<int> groups;
   int64_t largest = 0;
-  for (const ParameterShape& shape : GptParameterShapes(config, tensor)) {
+  for (const ParameterShape& shape : ModelParameterShapes(config, tensor)) {
     numels.push_back(shape.numel);
     groups.push_back(shape.stage);
     largest = std::max(largest, shape.numel);
@@ -654,10 +675,12 @@ std::string DiskTierBase(const JobSpec& spec, const MachineFacts& machine) {
 
 namespace {
 
-// The architecture is still to be read from model.init_from.
+// The architecture is still to be read from model.init_from: a shape field
+// unset, or a model folder's config.json not yet read.
 bool Unresolved(const ferry::v1::ModelSpec& m) {
   return !m.init_from().empty() &&
-         (m.layers() == 0 || m.hidden() == 0 || m.heads() == 0 || m.vocab_size() == 0 || m.seq_len() == 0);
+         (m.layers() == 0 || m.hidden() == 0 || m.heads() == 0 || m.vocab_size() == 0 || m.seq_len() == 0 ||
+          (!m.has_architecture() && ModelFiles::IsFolder(m.init_from())));
 }
 
 // model.init_from's index, the file confined and opened as the worker will.
@@ -677,13 +700,60 @@ absl::StatusOr<SafetensorsIndex> WeightsIndex(const std::string& path, const Mac
   return reader->index();
 }
 
+// A model folder's config.json, confined and read as the worker will.
+absl::StatusOr<HfConfig> FolderConfig(const std::string& dir, const MachineFacts& machine) {
+  const std::string base = dir.back() == '/' ? dir : dir + "/";
+  for (const char* file : {"config.json", "generation_config.json"}) {
+    absl::StatusOr<ResolvedPath> confined =
+        CheckConfined(machine.allowed_roots, "model.init_from", base + file, PathKind::kFile);
+    // A missing file is the reader's to say.
+    if (!confined.ok() && !absl::IsNotFound(confined.status())) return confined.status();
+  }
+  return ReadHfFolderConfig(dir);
+}
+
+// Every file of a model folder, or the one file, holds exactly the model's
+// weights; every shard confined.
+absl::Status CheckWeights(const JobSpec& spec, const MachineFacts& machine) {
+  const std::string& path = spec.model().init_from();
+  const ModelConfig config = ToModelConfig(spec.model());
+  if (!ModelFiles::IsFolder(path) && config.model_type == "gpt2") {
+    ASSIGN_OR_RETURN(SafetensorsIndex index, WeightsIndex(path, machine));
+    return CheckGpt2Weights(index, config, path);
+  }
+  if (ModelFiles::IsFolder(path)) {
+    RETURN_IF_ERROR(CheckConfined(machine.allowed_roots, "model.init_from", path, PathKind::kDirectory).status());
+    ASSIGN_OR_RETURN(HfConfig folder, FolderConfig(path, machine));
+    RETURN_IF_ERROR(CheckSlidingWindow(folder, config.seq_len));
+  } else {
+    RETURN_IF_ERROR(CheckConfined(machine.allowed_roots, "model.init_from", path, PathKind::kFile).status());
+  }
+  ASSIGN_OR_RETURN(ModelFiles files, ModelFiles::Open(path, [&](const std::string& file) {
+                     return CheckConfined(machine.allowed_roots, "model.init_from", file, PathKind::kFile).status();
+                   }));
+  auto find = [&](const std::string& name) {
+    const SafetensorsEntry* e = files.Find(name);
+    return e != nullptr ? e : files.Find("transformer." + name);
+  };
+  return CheckHfWeights(config, find, files.All(), files.what());
+}
+
 }  // namespace
 
 absl::Status ResolveModelFromWeights(JobSpec* spec, const MachineFacts& machine) {
   ferry::v1::ModelSpec* m = spec->mutable_model();
   if (!Unresolved(*m) || !machine.check_files) return absl::OkStatus();
+  if (ModelFiles::IsFolder(m->init_from())) {
+    RETURN_IF_ERROR(
+        CheckConfined(machine.allowed_roots, "model.init_from", m->init_from(), PathKind::kDirectory).status());
+    ASSIGN_OR_RETURN(HfConfig folder, FolderConfig(m->init_from(), machine));
+    SetModelArchitecture(folder.model, m);
+    // Recorded even for GPT-2, as read from the folder.
+    if (!m->has_architecture()) m->mutable_architecture()->set_model_type(folder.model.model_type);
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(SafetensorsIndex index, WeightsIndex(m->init_from(), machine));
-  ASSIGN_OR_RETURN(GptConfig c, Gpt2ConfigFromWeights(index, m->init_from(), m->heads()));
+  ASSIGN_OR_RETURN(ModelConfig c, Gpt2ConfigFromWeights(index, m->init_from(), m->heads()));
   auto fill = [](uint32_t value, int64_t from_file) {
     return value != 0 ? value : static_cast<uint32_t>(std::min<int64_t>(from_file, UINT32_MAX));
   };
@@ -710,9 +780,7 @@ absl::Status ValidateSpec(const JobSpec& spec, const MachineFacts& machine) {
   if (Unresolved(spec.model()) && machine.check_files) {
     p.Invalid("model: the architecture was not read from model.init_from; submit through ferryd");
   } else if (model_ok && !spec.model().init_from().empty() && machine.check_files) {
-    absl::StatusOr<SafetensorsIndex> index = WeightsIndex(spec.model().init_from(), machine);
-    p.Add(index.ok() ? CheckGpt2Weights(*index, ToGptConfig(spec.model()), spec.model().init_from())
-                     : index.status());
+    p.Add(CheckWeights(spec, machine));
   }
   CheckData(p, spec, machine);
   CheckTrain(p, spec.train());

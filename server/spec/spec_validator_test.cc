@@ -17,6 +17,7 @@
 #include "engine/checkpoint/safetensors.h"
 #include "engine/data/token_file.h"
 #include "engine/model/gpt2_weights.h"
+#include "engine/model/hf_layout.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
 
@@ -497,10 +498,10 @@ TEST(SpecValidatorTest, RankTierInputIsTheChunkManagersLayout) {
     EXPECT_EQ(in->grad_bytes(c), in->param_bytes(c));
     EXPECT_EQ(in->optimizer_bytes(c), 2 * in->param_bytes(c)) << "fp32: two moments";
   }
-  EXPECT_EQ(params, static_cast<uint64_t>(ToGptConfig(small.model()).ParameterCount())) << "no capacity wasted";
+  EXPECT_EQ(params, static_cast<uint64_t>(ToModelConfig(small.model()).ParameterCount())) << "no capacity wasted";
   // Built without values, drawn a parameter at a time straight into the
   // chunks: no scratch.
-  const GptConfig config = ToGptConfig(small.model());
+  const ModelConfig config = ToModelConfig(small.model());
   EXPECT_EQ(in->init_scratch_bytes, 0u);
   EXPECT_EQ(in->built_bytes, 0u);
   EXPECT_FALSE(in->masters_with_optimizer);
@@ -836,7 +837,7 @@ TEST(SpecLimitsTest, ReplicasCountOnOneMachineAndCheckpointsTakeNoMemoryBesideTh
 // A GPT-2 weights file of 2 blocks, hidden 32, vocabulary 64, context 16,
 // written into `dir` (with n_head in its metadata when `heads` > 0).
 std::string WeightsFile(const std::string& dir, int64_t heads, int layers = 2) {
-  GptConfig c;
+  ModelConfig c;
   c.layers = layers;
   c.hidden = 32;
   c.heads = 4;
@@ -910,6 +911,149 @@ TEST_F(AllowedRootsValidationTest, WeightsThatAreNotTheModelAreRefusedAtSubmit) 
   const std::string outside = WeightsFile(outside_, 4);
   JobSpec away = Resolved("model: {init_from: " + outside + "}\ndata: {synthetic: {}}");
   EXPECT_EQ(ResolveModelFromWeights(&away, machine_).code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A Llama-family model folder: config.json and its weights (zeros), in
+// one file or two shards with their index.
+std::string LlamaFolder(const std::string& root, const std::string& name, const std::string& config_json,
+                        bool sharded) {
+  const std::string dir = root + "/" + name;
+  EXPECT_EQ(mkdir(dir.c_str(), 0755), 0);
+  std::ofstream(dir + "/config.json") << config_json;
+  absl::StatusOr<HfConfig> config = ParseHfConfig(config_json, "config.json");
+  EXPECT_TRUE(config.ok()) << config.status();
+  std::vector<SafetensorsTensor> tensors;
+  for (const HfTensor& t : HfTensors(config->model)) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    tensors.push_back({t.name, "BF16", t.shape, std::string(static_cast<size_t>(n) * 2, '\0')});
+  }
+  auto write = [&](const std::string& file, std::vector<SafetensorsTensor> part) {
+    std::string bytes;
+    EXPECT_TRUE(SerializeSafetensors(part, {}, &bytes).ok());
+    std::ofstream(dir + "/" + file, std::ios::binary) << bytes;
+  };
+  if (!sharded) {
+    write("model.safetensors", tensors);
+    return dir;
+  }
+  const size_t half = tensors.size() / 2;
+  std::string index = R"({"metadata": {}, "weight_map": {)";
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    index += (i ? ", \"" : "\"") + tensors[i].name + "\": \"model-0000" + (i < half ? "1" : "2") +
+             "-of-00002.safetensors\"";
+  }
+  index += "}}";
+  std::ofstream(dir + "/model.safetensors.index.json") << index;
+  write("model-00001-of-00002.safetensors", {tensors.begin(), tensors.begin() + static_cast<long>(half)});
+  write("model-00002-of-00002.safetensors", {tensors.begin() + static_cast<long>(half), tensors.end()});
+  return dir;
+}
+
+constexpr char kTinyLlama[] = R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 300,
+  "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}, "eos_token_id": [2, 3]})";
+
+TEST(SpecDefaultsTest, LlamaFamilyPresetsRecordTheirArchitecture) {
+  const JobSpec spec = Resolved("model: {preset: llama-3.2-1b, seq_len: 512}\ndata: {synthetic: {}}");
+  EXPECT_EQ(spec.model().layers(), 16u);
+  EXPECT_EQ(spec.model().architecture().model_type(), "llama");
+  EXPECT_EQ(spec.model().architecture().kv_heads(), 8u);
+  EXPECT_EQ(spec.model().architecture().rope_scaling(), "llama3");
+  EXPECT_EQ(spec.model().dropout(), 0.0);
+  const ModelConfig c = ToModelConfig(spec.model());
+  EXPECT_EQ(c.seq_len, 512);
+  const ModelConfig preset = *ModelPreset("llama-3.2-1b");
+  EXPECT_EQ(c.ParameterCount(), preset.ParameterCount());
+  EXPECT_TRUE(c.Rotary());
+  EXPECT_TRUE(c.Gated());
+  EXPECT_TRUE(c.tied);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  // Through its JSON form (the store's) and back: the same model.
+  const ModelConfig again = ToModelConfig(Resolved("model: {preset: qwen3-0.6b}\ndata: {synthetic: {}}").model());
+  EXPECT_TRUE(again.qk_norm);
+  EXPECT_EQ(again.HeadDim(), 128);
+  EXPECT_EQ(again.ParameterCount(), ModelPreset("qwen3-0.6b")->ParameterCount());
+  const JobSpec tiny = Resolved("model: {preset: llama-tiny}\ndata: {synthetic: {}}");
+  EXPECT_TRUE(ValidateSpec(tiny, Machine()).ok()) << ValidateSpec(tiny, Machine());
+  // A job file's own architecture fields win over the preset's.
+  const JobSpec narrower =
+      Resolved("model: {preset: llama-tiny, architecture: {intermediate: 128}}\ndata: {synthetic: {}}");
+  EXPECT_EQ(ToModelConfig(narrower.model()).Intermediate(), 128);
+  EXPECT_FALSE(ToModelConfig(narrower.model()).tied) << "the preset's";
+}
+
+TEST(SpecValidatorTest, LlamaFamilyShapesAreChecked) {
+  // Beyond the model's positions; tensor ranks that do not divide the
+  // key/value heads; an unknown family.
+  ExpectProblem("model: {preset: llama-tiny, seq_len: 2048}\ndata: {synthetic: {}}",
+                absl::StatusCode::kInvalidArgument, "model.seq_len: 2048 is beyond the 1024 positions");
+  ExpectProblem("model: {preset: llama-tiny}\nparallel: {tensor: 4}\ndata: {synthetic: {}}",
+                absl::StatusCode::kInvalidArgument, "parallel.tensor: 4 ranks cannot split model.kv_heads (2)");
+  ExpectProblem("model: {preset: llama-tiny, architecture: {model_type: falcon}}\ndata: {synthetic: {}}",
+                absl::StatusCode::kInvalidArgument, "model.architecture.model_type: unknown model_type \"falcon\"");
+  ExpectProblem("model: {preset: llama-tiny, architecture: {model_type: llama, kv_heads: 3}}\ndata: {synthetic: {}}",
+                absl::StatusCode::kInvalidArgument, "model.kv_heads: 3 does not divide model.heads (4)");
+  EXPECT_TRUE(ValidateSpec(Resolved("model: {preset: llama-tiny}\nparallel: {tensor: 2}\ndata: {synthetic: {}}"),
+                           Machine())
+                  .ok());
+}
+
+TEST_F(AllowedRootsValidationTest, AModelFolderGivesTheModel) {
+  for (bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded" : "one file");
+    const std::string dir = LlamaFolder(root_, sharded ? "sharded" : "single", kTinyLlama, sharded);
+    JobSpec spec = Resolved("model: {init_from: " + dir + "}\ndata: {synthetic: {}}");
+    EXPECT_EQ(spec.model().dropout(), 0.0) << "no dropout by default for a folder";
+    ASSERT_TRUE(ResolveModelFromWeights(&spec, machine_).ok()) << ResolveModelFromWeights(&spec, machine_);
+    EXPECT_EQ(spec.model().layers(), 2u);
+    EXPECT_EQ(spec.model().seq_len(), 512u) << "the model's positions, at most 2048";
+    EXPECT_EQ(spec.model().architecture().model_type(), "llama");
+    EXPECT_TRUE(spec.model().architecture().untied());
+    EXPECT_TRUE(ValidateSpec(spec, machine_).ok()) << ValidateSpec(spec, machine_);
+    // Resolving again changes nothing.
+    JobSpec again = spec;
+    ASSERT_TRUE(ResolveModelFromWeights(&again, machine_).ok());
+    EXPECT_EQ(again.SerializeAsString(), spec.SerializeAsString());
+  }
+}
+
+TEST_F(AllowedRootsValidationTest, BrokenModelFoldersAreRefusedAtSubmit) {
+  auto refused = [&](const std::string& dir, absl::StatusCode code, const std::string& says,
+                     const std::string& extra = "") {
+    JobSpec spec = Resolved("model: {init_from: " + dir + extra + "}\ndata: {synthetic: {}}");
+    absl::Status s = ResolveModelFromWeights(&spec, machine_);
+    if (s.ok()) s = ValidateSpec(spec, machine_);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(says), std::string::npos) << "'" << s.message() << "' lacks '" << says << "'";
+  };
+  std::string config = kTinyLlama;
+  const std::string mixtral = LlamaFolder(root_, "mixtral", config, false);
+  std::ofstream(mixtral + "/config.json") << R"({"model_type": "mixtral", "num_local_experts": 8})";
+  refused(mixtral, absl::StatusCode::kInvalidArgument, "model_type \"mixtral\" is not one Ferry implements");
+
+  const std::string missing = LlamaFolder(root_, "missing", config, true);
+  std::remove((missing + "/model-00002-of-00002.safetensors").c_str());
+  refused(missing, absl::StatusCode::kInvalidArgument, "names the shard model-00002-of-00002.safetensors");
+
+  const std::string deeper = LlamaFolder(root_, "deeper", config, false);
+  refused(deeper, absl::StatusCode::kInvalidArgument,
+          "has no model.layers.2.input_layernorm.weight", ", layers: 3");
+
+  std::string windowed = kTinyLlama;
+  windowed.replace(windowed.find("\"llama\""), 7, "\"mistral\"");
+  windowed.insert(1, "\"sliding_window\": 128, ");
+  const std::string mistral = LlamaFolder(root_, "mistral", windowed, false);
+  refused(mistral, absl::StatusCode::kInvalidArgument, "model.seq_len: 512 is longer than the model's sliding");
+
+  const std::string empty = root_ + "/empty";
+  ASSERT_EQ(mkdir(empty.c_str(), 0755), 0);
+  refused(empty, absl::StatusCode::kFailedPrecondition, "has no config.json");
+
+  const std::string away = LlamaFolder(outside_, "away", config, false);
+  refused(away, absl::StatusCode::kPermissionDenied, "model.init_from");
 }
 
 }  // namespace

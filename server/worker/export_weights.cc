@@ -107,7 +107,7 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   for (const LoadedCheckpoint& c : ranks) contents.push_back(&c.contents);
   // Nothing goes onto the device: the chunks' host copies hold the values.
   SimulatedDevice device(uint64_t{1} << 30);
-  const GptConfig model = ToGptConfig(spec.model());
+  const ModelConfig model = ToModelConfig(spec.model());
   // The chunks are restored once and read out, not trained: no host budget
   // to plan within and no disk tier (whose files would land in the user's
   // memory.disk_dir itself, outside any job's directory).
@@ -115,7 +115,7 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   memory.disk_dir.clear();
   memory.disk_budget_bytes = 0;
   ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> tensors,
-                   ExportGpt2Weights(model, ToTrainOptions(spec.train()), memory, contents, &device, data));
+                   ExportHfWeights(model, ToTrainOptions(spec.train()), memory, contents, &device, data));
   std::map<std::string, std::string> metadata = Gpt2ConfigMetadata(model);
   metadata["format"] = "pt";
   metadata["step"] = absl::StrCat(step);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/checkpoint/checkpoint_store.h"
+#include "engine/checkpoint/model_files.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
@@ -20,6 +21,7 @@
 #include "engine/data/tokenizer_loader.h"
 #include "engine/memory/memory_device.h"
 #include "engine/model/gpt2_weights.h"
+#include "engine/model/hf_layout.h"
 #include "engine/train/generator.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/spec/job_file.h"
@@ -52,6 +54,8 @@ struct LoadedModel {
   std::unique_ptr<InferenceModel> model;
   std::unique_ptr<Tokenizer> tokenizer;
   int64_t step = 0;
+  // The model's end-of-sequence tokens, where it says.
+  std::vector<int64_t> stop_tokens;
 };
 
 absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots& roots, LoadedModel* out) {
@@ -103,7 +107,7 @@ absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots&
   memory.disk_dir.clear();
   memory.disk_budget_bytes = 0;
   ASSIGN_OR_RETURN(out->model,
-                   RestoreInferenceModel(ToGptConfig(spec.model()), ToTrainOptions(spec.train()), memory,
+                   RestoreInferenceModel(ToModelConfig(spec.model()), ToTrainOptions(spec.train()), memory,
                                          loaded->contents, out->device.get(), std::max<int>(1, spec.parallel().data())));
   // The tokenizer the token file's header records; none for synthetic
   // data or a flat file.
@@ -123,10 +127,26 @@ absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots&
 absl::Status LoadFromWeights(const ferry::v1::GenerateRequest& request, const GenerateTextOptions& options,
                              const AllowedRoots& roots, LoadedModel* out) {
   const std::string& path = request.weights_path();
-  RETURN_IF_ERROR(CheckConfined(roots, "weights_path", path, PathKind::kFile).status());
-  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
-  if (!reader.ok()) return absl::InvalidArgumentError(absl::StrCat("weights_path: ", reader.status().message()));
-  absl::StatusOr<GptConfig> config = Gpt2ConfigFromWeights(reader->index(), path, request.heads());
+  absl::StatusOr<ModelConfig> config;
+  if (ModelFiles::IsFolder(path)) {
+    // A Hugging Face model folder: its config.json, and the end-of-sequence
+    // tokens generation stops at (generation_config.json's, else
+    // config.json's).
+    RETURN_IF_ERROR(CheckConfined(roots, "weights_path", path, PathKind::kDirectory).status());
+    for (const char* file : {"/config.json", "/generation_config.json"}) {
+      absl::StatusOr<ResolvedPath> confined = CheckConfined(roots, "weights_path", path + file, PathKind::kFile);
+      if (!confined.ok() && !absl::IsNotFound(confined.status())) return confined.status();
+    }
+    absl::StatusOr<HfConfig> folder = ReadHfFolderConfig(path);
+    if (!folder.ok()) return absl::InvalidArgumentError(absl::StrCat("weights_path: ", folder.status().message()));
+    config = folder->model;
+    out->stop_tokens = folder->eos_token_ids;
+  } else {
+    RETURN_IF_ERROR(CheckConfined(roots, "weights_path", path, PathKind::kFile).status());
+    absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+    if (!reader.ok()) return absl::InvalidArgumentError(absl::StrCat("weights_path: ", reader.status().message()));
+    config = Gpt2ConfigFromWeights(reader->index(), path, request.heads());
+  }
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("weights_path: ", config.status().message()));
   ASSIGN_OR_RETURN(out->device, MakeMemoryDevice(options.device == "auto" ? "cpu" : options.device, 0));
   ASSIGN_OR_RETURN(out->model,
@@ -212,6 +232,7 @@ absl::Status GenerateText(const GenerateTextOptions& options) {
   sampling.top_k = request.top_k();
   sampling.top_p = request.has_top_p() ? request.top_p().value() : 1.0;
   sampling.seed = request.seed();
+  sampling.stop_tokens = loaded.stop_tokens;
   Output output(options.report_fd);
   {
     ferry::v1::GenerateResponse started;

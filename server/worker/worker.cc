@@ -634,7 +634,7 @@ int RunWorker(const WorkerOptions& options) {
       return fail ? CheckpointFailure(previous) : absl::OkStatus();
     };
   }
-  Trainer trainer(ToGptConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(sources->train),
+  Trainer trainer(ToModelConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(sources->train),
                   &reporter);
   absl::Status status = trainer.Run();
   // Ranks leave together: none closes its connections while a peer's last

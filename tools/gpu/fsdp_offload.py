@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-PRESETS = {  # layers, hidden, heads, vocab (Ferry's engine/model/gpt_config.cc)
+PRESETS = {  # layers, hidden, heads, vocab (Ferry's engine/model/model_config.cc)
     "gpt2-small": (12, 768, 12, 50257),
     "gpt2-medium": (24, 1024, 16, 50257),
     "gpt2-large": (36, 1280, 20, 50257),
