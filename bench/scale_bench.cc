@@ -44,11 +44,11 @@
 #include "absl/strings/str_join.h"
 #include "bench/bench_output.h"
 #include "bench/sim_trial.h"
+#include "bench/floor.h"
 #include "bench/timing.h"
 #include "engine/common/host_info.h"
 #include "engine/device/device.h"
 #include "engine/model/model_config.h"
-#include "engine/optim/cpu_adam.h"
 
 ABSL_FLAG(bool, quick, false, "Smaller models (under three minutes).");
 ABSL_FLAG(int64_t, steps, 4, "Steps a run, the warm-up included.");
@@ -89,71 +89,6 @@ struct Result {
   // The floor (above): products and update, each alone.
   double floor_products = 0, floor_update = 0;
 };
-
-// Seconds for the forward and backward products of `count` linear layers
-// [in -> out] at `tokens` rows, in `type`: X W^T, then G W and G^T X. The
-// weights rotate through four of them, so that they come from memory as a
-// streamed layer's do rather than from the cache.
-double ProductSeconds(int64_t tokens, int64_t in, int64_t out, at::ScalarType type, int64_t count) {
-  const at::TensorOptions options = at::TensorOptions().dtype(type);
-  std::vector<at::Tensor> weights;
-  for (int i = 0; i < 4; ++i) weights.push_back(at::randn({out, in}, options.dtype(at::kFloat)).to(type));
-  const at::Tensor x = at::randn({tokens, in}, options.dtype(at::kFloat)).to(type);
-  const at::Tensor g = at::randn({tokens, out}, options.dtype(at::kFloat)).to(type);
-  at::Tensor y = at::empty({tokens, out}, options), dx = at::empty({tokens, in}, options);
-  at::Tensor dw = at::empty({out, in}, options);
-  size_t next = 0;
-  const double each = Time(8, [&] {
-    const at::Tensor& w = weights[next++ % weights.size()];
-    at::mm_out(y, x, w.t());
-    at::mm_out(dx, g, w);
-    at::mm_out(dw, g.t(), x);
-  });
-  return each * double(count);
-}
-
-// Seconds for the products of one step of `model` at `tokens` rows: the
-// blocks' four linear layers and the tied head (the sliced head computes
-// the same products a slice at a time).
-double StepProductSeconds(const ModelConfig& model, int64_t tokens, at::ScalarType type) {
-  const int64_t h = model.hidden;
-  return ProductSeconds(tokens, h, 3 * h, type, model.layers) + ProductSeconds(tokens, h, h, type, model.layers) +
-         ProductSeconds(tokens, h, 4 * h, type, model.layers) + ProductSeconds(tokens, 4 * h, h, type, model.layers) +
-         ProductSeconds(tokens, h, model.vocab_size, type, 1);
-}
-
-// Seconds for one AdamW update of `parameters` values on the host, timed
-// over 64 Mi of them (more than any cache) and scaled: fp32 weights, or
-// mixed (bf16 gradients in, fp32 master weights updated and rounded to
-// bf16 copies).
-double UpdateSeconds(int64_t parameters, bool mixed) {
-  const int64_t n = std::min<int64_t>(parameters, int64_t(64) << 20);
-  std::vector<float> master(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
-  std::vector<uint16_t> low_grad(mixed ? n : 0, 0x3c00), copy(mixed ? n : 0, 0);
-  std::vector<float> grad(mixed ? 0 : n, 0.25f);
-  CpuAdamBuffers b;
-  b.master = master.data();
-  b.exp_avg = m.data();
-  b.exp_avg_sq = v.data();
-  b.numel = n;
-  if (mixed) {
-    b.grad = low_grad.data();
-    b.grad_type = LowType::kBFloat16;
-    b.copy = copy.data();
-    b.copy_type = LowType::kBFloat16;
-  } else {
-    b.grad = grad.data();
-  }
-  AdamWHyper hyper;
-  hyper.lr = 1e-4;
-  hyper.weight_decay = 0.1;
-  const std::vector<DecaySegment> decay = {{0, n}};
-  const double each = Time(3, [&] {
-    ++hyper.step;
-    CpuAdamWStep(b, decay, hyper, BestSimdPath());
-  });
-  return each * double(parameters) / double(n);
-}
 
 Result RunJob(const Job& job) {
   Result result;

@@ -1,6 +1,7 @@
 #include "client/cli.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <grpcpp/support/client_interceptor.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -647,67 +649,117 @@ std::string JsonQuote(const std::string& s) {
 }
 
 int Cli::Export(const std::vector<std::string>& args) {
-  if (args.size() != 2) return Usage("export takes a job id and the file to write (e.g. out.safetensors)");
+  if (args.size() != 2) {
+    return Usage("export takes a job id and where to write: FILE.safetensors, or a folder for a Hugging Face model "
+                 "folder");
+  }
   const std::string& id = args[0];
   const std::string& path = args[1];
+  const bool folder = !absl::EndsWith(path, ".safetensors");
+  struct stat st;
+  if (folder && stat(path.c_str(), &st) == 0) {
+    err_ << "ferry: " << path << " exists; export a model folder into a new one (or name a FILE.safetensors)\n";
+    return kExitUsage;
+  }
   // Written beside the destination and renamed over it once complete.
   const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
+  if (folder && mkdir(tmp.c_str(), 0755) != 0) {
+    err_ << "ferry: cannot create " << tmp << ": " << std::strerror(errno) << "\n";
+    return kExitUsage;
+  }
+  int fd = -1;
+  std::vector<std::string> written_files;
+  auto open_file = [&](const std::string& file) {
+    const std::string target = folder ? tmp + "/" + file : tmp;
+    fd = open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) written_files.push_back(target);
+    return fd >= 0;
+  };
+  auto abandon = [&](int code) {
+    if (fd >= 0) close(fd);
+    for (const std::string& f : written_files) unlink(f.c_str());
+    if (folder) rmdir(tmp.c_str());
+    return code;
+  };
+  if (!folder && !open_file("")) {
     err_ << "ferry: cannot write " << tmp << ": " << std::strerror(errno) << "\n";
     return kExitUsage;
   }
-  auto abandon = [&](int code) {
-    close(fd);
-    unlink(tmp.c_str());
-    return code;
-  };
   // No deadline: a large model takes a while to restore and send.
   grpc::ClientContext ctx;
   ferry::v1::ExportWeightsRequest request;
   request.set_job_id(id);
+  request.set_folder(folder);
   std::unique_ptr<grpc::ClientReader<ferry::v1::ExportChunk>> reader = Stub().ExportWeights(&ctx, request);
-  ferry::v1::ExportChunk chunk, first;
-  uint64_t written = 0;
+  ferry::v1::ExportChunk chunk, first, current;
+  uint64_t written = 0, total = 0;
+  bool any = false;
+  auto file_complete = [&]() { return written == current.total_bytes(); };
+  auto fail = [&](const std::string& message, int code) {
+    ctx.TryCancel();
+    (void)reader->Finish();
+    err_ << "ferry: " << message << "\n";
+    return abandon(code);
+  };
   while (reader->Read(&chunk)) {
-    if (written == 0) first = chunk;
+    if (!any) first = chunk;
+    const bool next_file = !any || chunk.file() != current.file();
+    if (next_file && folder) {
+      // A name within the folder, nothing else.
+      const std::string& name = chunk.file();
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+        return fail(absl::StrCat("the export named a file '", name.substr(0, 64), "' outside its folder"),
+                    kExitUnavailable);
+      }
+      if (any && !file_complete()) {
+        return fail(absl::StrCat("received ", written, " of ", current.file(), "'s ", current.total_bytes(), " bytes"),
+                    kExitUnavailable);
+      }
+      if (fd >= 0 && (fsync(fd) != 0 || close(fd) != 0)) {
+        fd = -1;
+        return fail(absl::StrCat("cannot write ", current.file(), ": ", std::strerror(errno)), kExitUsage);
+      }
+      fd = -1;
+      if (!open_file(name)) return fail(absl::StrCat("cannot write ", tmp, "/", name, ": ", std::strerror(errno)), kExitUsage);
+      written = 0;
+    }
+    if (next_file) current = chunk;
+    any = true;
     if (chunk.offset() != written) {
-      ctx.TryCancel();
-      (void)reader->Finish();
-      err_ << "ferry: the export arrived out of order (offset " << chunk.offset() << ", expected " << written << ")\n";
-      return abandon(kExitUnavailable);
+      return fail(absl::StrCat("the export arrived out of order (offset ", chunk.offset(), ", expected ", written, ")"),
+                  kExitUnavailable);
     }
     const std::string& data = chunk.data();
     for (size_t done = 0; done < data.size();) {
       const ssize_t n = write(fd, data.data() + done, data.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        err_ << "ferry: cannot write " << tmp << ": " << std::strerror(errno) << "\n";
-        ctx.TryCancel();
-        (void)reader->Finish();
-        return abandon(kExitUsage);
-      }
+      if (n <= 0) return fail(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)), kExitUsage);
       done += static_cast<size_t>(n);
     }
     written += data.size();
+    total += data.size();
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) return abandon(Report(status));
-  if (written == 0 || written != first.total_bytes()) {
-    err_ << "ferry: received " << written << " of the export's " << first.total_bytes() << " bytes\n";
+  if (!any || !file_complete() || (folder && written_files.size() != first.files())) {
+    err_ << "ferry: received " << (folder ? absl::StrCat(written_files.size(), " of ", first.files(), " files; ") : "")
+         << written << " of " << (any ? current.total_bytes() : 0) << " bytes of the last\n";
     return abandon(kExitUnavailable);
   }
   if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
+    fd = -1;
     err_ << "ferry: cannot write " << path << ": " << std::strerror(errno) << "\n";
-    unlink(tmp.c_str());
-    return kExitUsage;
+    return abandon(kExitUsage);
   }
+  fd = -1;
   if (options_.json) {
-    out_ << Structured(absl::StrFormat("{\"job_id\": %s, \"path\": %s, \"step\": %d, \"tensors\": %d, \"bytes\": %d}\n",
-                                       JsonQuote(id), JsonQuote(path), first.step(), first.tensors(), written));
+    out_ << Structured(absl::StrFormat(
+        "{\"job_id\": %s, \"path\": %s, \"step\": %d, \"tensors\": %d, \"files\": %d, \"bytes\": %d}\n", JsonQuote(id),
+        JsonQuote(path), first.step(), first.tensors(), folder ? first.files() : 1, total));
   } else {
-    out_ << absl::StrFormat("exported %d tensors (%s) of %s at step %d to %s\n", first.tensors(),
-                            absl::StrFormat("%.1f MiB", double(written) / (1 << 20)), id, first.step(), path);
+    out_ << absl::StrFormat("exported %d tensors (%s%s) of %s at step %d to %s\n", first.tensors(),
+                            absl::StrFormat("%.1f MiB", double(total) / (1 << 20)),
+                            folder ? absl::StrFormat(" in %d files", first.files()) : "", id, first.step(), path);
   }
   return kExitOk;
 }

@@ -259,6 +259,63 @@ absl::StatusOr<HfConfig> ReadHfFolderConfig(const std::string& dir) {
   return config;
 }
 
+std::string HfConfigJson(const ModelConfig& c, int64_t bos_token_id, const std::vector<int64_t>& eos_token_ids) {
+  nlohmann::ordered_json j;
+  if (c.model_type == "gpt2") {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["n_layer"] = c.layers;
+    j["n_embd"] = c.hidden;
+    j["n_head"] = c.heads;
+    j["n_positions"] = c.seq_len;
+    j["n_ctx"] = c.seq_len;
+    j["vocab_size"] = c.vocab_size;
+    j["activation_function"] = "gelu_new";
+    j["layer_norm_epsilon"] = c.norm_eps;
+    j["tie_word_embeddings"] = true;
+  } else {
+    const std::string architecture = c.model_type == "llama"     ? "LlamaForCausalLM"
+                                     : c.model_type == "mistral" ? "MistralForCausalLM"
+                                     : c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                                                                 : "Qwen3ForCausalLM";
+    j["architectures"] = {architecture};
+    j["model_type"] = c.model_type;
+    j["hidden_size"] = c.hidden;
+    j["num_hidden_layers"] = c.layers;
+    j["num_attention_heads"] = c.heads;
+    j["num_key_value_heads"] = c.KvHeads();
+    j["head_dim"] = c.HeadDim();
+    j["intermediate_size"] = c.Intermediate();
+    j["vocab_size"] = c.vocab_size;
+    j["max_position_embeddings"] = c.MaxPositions();
+    j["rms_norm_eps"] = c.norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["tie_word_embeddings"] = c.tied;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = c.qkv_bias;
+    j["mlp_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    if (c.model_type == "qwen2" || c.model_type == "qwen3") j["use_sliding_window"] = false;
+    const RopeScaling& r = c.rope_scaling;
+    if (r.type == RopeScaling::Type::kLinear) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+    } else if (r.type == RopeScaling::Type::kLlama3) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r.factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"original_max_position_embeddings", r.original_max_positions}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+  }
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
 absl::Status CheckSlidingWindow(const HfConfig& config, int64_t seq_len) {
   if (config.sliding_window > 0 && config.sliding_window < seq_len) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -89,6 +89,13 @@ absl::StatusOr<HfConfig> ParseHfConfig(const std::string& json, const std::strin
 // for a folder without config.json. The caller confines the paths.
 absl::StatusOr<HfConfig> ReadHfFolderConfig(const std::string& dir);
 
+// config.json for `config`, as Hugging Face writes it for its model_type
+// (what ParseHfConfig reads back to the same model), with the end-of-
+// sequence and beginning-of-sequence tokens where known (-1 / empty: left
+// out).
+std::string HfConfigJson(const ModelConfig& config, int64_t bos_token_id = -1,
+                         const std::vector<int64_t>& eos_token_ids = {});
+
 // A sliding window shorter than the training window changes what attention
 // sees, which Ferry does not compute: INVALID_ARGUMENT naming
 // model.seq_len and the window.

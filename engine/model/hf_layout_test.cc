@@ -84,6 +84,20 @@ TEST(HfLayoutTest, PublishedConfigsReadAsTheirPresets) {
   EXPECT_NE(longer.message().find("model.seq_len: 8192"), std::string::npos) << longer;
 }
 
+TEST(HfLayoutTest, WrittenConfigsReadBackAsTheSameModel) {
+  for (const std::string& name : ModelPresetNames()) {
+    SCOPED_TRACE(name);
+    ModelConfig preset = *ModelPreset(name);
+    if (preset.model_type != "gpt2") preset.seq_len = std::min<int64_t>(2048, preset.MaxPositions());
+    absl::StatusOr<HfConfig> back = ParseHfConfig(HfConfigJson(preset, 1, {2, 3}), "config.json");
+    ASSERT_TRUE(back.ok()) << back.status();
+    ExpectSameShape(back->model, preset);
+    EXPECT_EQ(back->model.seq_len, preset.seq_len);
+    EXPECT_EQ(back->bos_token_id, 1);
+    EXPECT_EQ(back->eos_token_ids, (std::vector<int64_t>{2, 3}));
+  }
+}
+
 TEST(HfLayoutTest, WhatFerryDoesNotImplementIsRefusedNamingTheField) {
   const std::map<std::string, std::string> refused = {
       {R"({"model_type": "mixtral", "hidden_size": 8})", "model_type \"mixtral\""},

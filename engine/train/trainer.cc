@@ -396,13 +396,9 @@ class ChunkedEngine : public StepEngine {
 
   // The fp32 logits of each row's last position (GptImpl::LastLogits) in
   // evaluation mode: each stage's chunks fetched as its forward needs them.
-  at::Tensor LastLogits(const torch::Tensor& tokens) {
-    return EvalForward(tokens, [&](const torch::Tensor& x) { return model_->LastLogits(x); });
-  }
-
-  // The same for positions after those `cache` holds, which it then holds
-  // too (generation).
-  at::Tensor CachedLastLogits(const torch::Tensor& tokens, KvCache* cache) {
+  // With `cache`, of the positions after those it holds, which it then
+  // holds too (generation).
+  at::Tensor LastLogits(const torch::Tensor& tokens, KvCache* cache = nullptr) {
     return EvalForward(tokens, [&](const torch::Tensor& x) { return model_->LastLogits(x); }, cache);
   }
 
@@ -994,7 +990,7 @@ class ChunkedInferenceModel : public InferenceModel {
     at::Tensor logits;
     RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
       try {
-        logits = engine_->CachedLastLogits(tokens, cache).to(at::kCPU);
+        logits = engine_->LastLogits(tokens, cache).to(at::kCPU);
       } catch (const c10::OutOfMemoryError& e) {
         if (cache != nullptr) cache->Clear();
         return absl::ResourceExhaustedError(engine_->ExplainOutOfMemory(e.what_without_backtrace()));

@@ -207,36 +207,50 @@ grpc::Status FerryService::ExportWeights(grpc::ServerContext* context,
   if (options_.worker_binary.empty() || options_.jobs_dir.empty()) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon has no worker binary to export with");
   }
-  // The worker reads the checkpoints and writes the file; the daemon only
-  // streams it.
+  // The worker reads the checkpoints and writes the file or folder; the
+  // daemon only streams it, a file after another.
   absl::StatusOr<ExportedWeights> exported =
       RunWorkerExport(options_.worker_binary, absl::StrCat(options_.jobs_dir, "/", request->job_id()), job->spec(),
-                      [context] { return context->IsCancelled(); }, options_.machine.allowed_roots.ToFlag());
+                      [context] { return context->IsCancelled(); }, options_.machine.allowed_roots.ToFlag(),
+                      request->folder());
   if (!exported.ok()) return ToGrpcStatus(exported.status());
   struct Remove {
-    std::string path;
-    ~Remove() { unlink(path.c_str()); }
-  } cleanup{exported->path};
-  std::ifstream in(exported->path, std::ios::binary);
-  if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot read ", exported->path));
+    const ExportedWeights& exported;
+    ~Remove() { RemoveExport(exported); }
+  } cleanup{*exported};
+  std::vector<std::string> names = exported->files;
+  std::vector<uint64_t> sizes = exported->file_bytes;
+  if (!request->folder()) {
+    names = {""};
+    sizes = {exported->bytes};
+  }
   std::string buffer(kExportChunkBytes, '\0');
-  uint64_t offset = 0;
-  do {
-    in.read(&buffer[0], static_cast<std::streamsize>(buffer.size()));
-    const size_t got = static_cast<size_t>(in.gcount());
-    if (got == 0 && offset > 0) break;
-    ferry::v1::ExportChunk chunk;
-    chunk.set_data(buffer.data(), got);
-    chunk.set_offset(offset);
-    chunk.set_total_bytes(exported->bytes);
-    chunk.set_tensors(static_cast<uint32_t>(exported->tensors));
-    chunk.set_step(static_cast<uint64_t>(exported->step));
-    if (!writer->Write(chunk)) return grpc::Status::CANCELLED;
-    offset += got;
-  } while (in);
-  if (offset != exported->bytes) {
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        absl::StrCat("read ", offset, " of the export's ", exported->bytes, " bytes"));
+  for (size_t f = 0; f < names.size(); ++f) {
+    const std::string path = request->folder() ? exported->path + "/" + names[f] : exported->path;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot read ", path));
+    uint64_t offset = 0;
+    do {
+      in.read(&buffer[0], static_cast<std::streamsize>(buffer.size()));
+      const size_t got = static_cast<size_t>(in.gcount());
+      if (got == 0 && offset > 0) break;
+      ferry::v1::ExportChunk chunk;
+      chunk.set_data(buffer.data(), got);
+      chunk.set_offset(offset);
+      chunk.set_total_bytes(sizes[f]);
+      chunk.set_tensors(static_cast<uint32_t>(exported->tensors));
+      chunk.set_step(static_cast<uint64_t>(exported->step));
+      if (request->folder()) {
+        chunk.set_file(names[f]);
+        chunk.set_files(static_cast<uint32_t>(names.size()));
+      }
+      if (!writer->Write(chunk)) return grpc::Status::CANCELLED;
+      offset += got;
+    } while (in);
+    if (offset != sizes[f]) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("read ", offset, " of ", path, "'s ", sizes[f], " bytes"));
+    }
   }
   return grpc::Status::OK;
 }

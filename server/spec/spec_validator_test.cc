@@ -354,6 +354,38 @@ TEST(SpecValidatorTest, TheFineTuningExampleIsAValidJob) {
   EXPECT_TRUE(ValidateSpec(*spec, local).ok()) << ValidateSpec(*spec, local);
 }
 
+// examples/llama-finetune.yaml: its folder's config.json gives the model
+// (Llama-3.2-1B's as published), and the job fits what it asks for on a
+// 24 GiB machine without a GPU, with a disk tier.
+TEST(SpecValidatorTest, TheLlamaFineTuningExampleIsAValidJob) {
+  absl::StatusOr<JobSpec> parsed = LoadJobFile(std::string(std::getenv("TEST_SRCDIR")) +
+                                               "/ferry/examples/llama-finetune.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string folder = std::string(tmp != nullptr ? tmp : "/tmp") + "/Llama-3.2-1B";
+  mkdir(folder.c_str(), 0755);
+  std::ofstream(folder + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "vocab_size": 128256})";
+  parsed->mutable_model()->set_init_from(folder);
+  absl::StatusOr<JobSpec> spec = WithDefaults(*parsed);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().dropout(), 0.0);
+  ASSERT_TRUE(ResolveModelFromWeights(&*spec, Machine()).ok()) << ResolveModelFromWeights(&*spec, Machine());
+  EXPECT_EQ(spec->model().layers(), 16u);
+  EXPECT_EQ(spec->model().seq_len(), 512u) << "the job file's";
+  EXPECT_EQ(ToModelConfig(spec->model()).ParameterCount(), 1235814400);
+  EXPECT_EQ(spec->train().grad_accum_steps(), 8u);
+  MachineFacts machine = MachineWithDisk(64 * kGiB);
+  machine.host_memory_bytes = 24 * kGiB;
+  machine.device_is_host_memory = true;
+  machine.check_files = false;  // no weights here; the folder's check has its own test
+  EXPECT_TRUE(ValidateSpec(*spec, machine).ok()) << ValidateSpec(*spec, machine);
+}
+
 // examples/gpt2-xl-no-gpu.yaml says it needs about 16 GiB of memory and
 // 15 GiB of free disk.
 TEST(SpecValidatorTest, GptXlWithoutAGpuFitsWhatItsExampleSays) {

@@ -1,10 +1,13 @@
 #include "server/worker/export_runner.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -12,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -65,16 +69,70 @@ absl::StatusOr<ExportedWeights> ReadSafetensorsSummary(const std::string& path) 
   return summary;
 }
 
+namespace {
+
+// A folder export's summary: its files in name order (weights first, as
+// their names sort), their sizes, and the tensors and step of its weights.
+absl::StatusOr<ExportedWeights> ReadFolderSummary(const std::string& dir) {
+  ExportedWeights summary;
+  summary.path = dir;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::InternalError(absl::StrCat("cannot read ", dir, ": ", std::strerror(errno)));
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return absl::InternalError(absl::StrCat(path, " is not a file"));
+    }
+    if (absl::EndsWith(name, ".safetensors")) {
+      absl::StatusOr<ExportedWeights> part = ReadSafetensorsSummary(path);
+      if (!part.ok()) return part.status();
+      summary.tensors += part->tensors;
+      summary.step = part->step;
+    }
+    summary.files.push_back(name);
+    summary.file_bytes.push_back(static_cast<uint64_t>(st.st_size));
+    summary.bytes += static_cast<uint64_t>(st.st_size);
+  }
+  if (summary.tensors == 0) return absl::InternalError(absl::StrCat(dir, " holds no weights"));
+  return summary;
+}
+
+void RemovePath(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) {
+    unlink(path.c_str());
+    return;
+  }
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") unlink((path + "/" + name).c_str());
+  }
+  closedir(d);
+  rmdir(path.c_str());
+}
+
+}  // namespace
+
+void RemoveExport(const ExportedWeights& exported) { RemovePath(exported.path); }
+
 absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary, const std::string& job_dir,
                                                 const ferry::v1::JobSpec& spec,
                                                 const std::function<bool()>& cancelled,
-                                                const std::string& allowed_roots) {
+                                                const std::string& allowed_roots, bool folder) {
   if (absl::Status s = MakeDirs(job_dir); !s.ok()) return s;
   const std::string base =
       absl::StrCat(job_dir, "/export-", absl::ToUnixMicros(absl::Now()), "-", g_exports.fetch_add(1));
   const std::string spec_path = base + ".spec.json";
   const std::string log_path = base + ".log";
-  const std::string out_path = base + ".safetensors";
+  const std::string out_path = base + (folder ? ".folder" : ".safetensors");
   struct Cleanup {
     std::string spec, log;
     ~Cleanup() {
@@ -109,20 +167,20 @@ absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary
       kill(-*pid, SIGKILL);
       while (waitpid(*pid, &wait_status, 0) < 0 && errno == EINTR) {
       }
-      unlink(out_path.c_str());
+      RemovePath(out_path);
       return absl::CancelledError("the export was cancelled");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
-    absl::StatusOr<ExportedWeights> summary = ReadSafetensorsSummary(out_path);
+    absl::StatusOr<ExportedWeights> summary = folder ? ReadFolderSummary(out_path) : ReadSafetensorsSummary(out_path);
     if (!summary.ok()) {
-      unlink(out_path.c_str());
+      RemovePath(out_path);
       return absl::InternalError(absl::StrCat("ferry-worker --export wrote a bad file: ", summary.status().message()));
     }
     return summary;
   }
-  unlink(out_path.c_str());
+  RemovePath(out_path);
   const std::string tail = FileTail(log_path, 1, 4096);
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kBadUsage) {
     return absl::FailedPreconditionError(std::string(absl::StripPrefix(tail, "ferry-worker: ")));

@@ -44,7 +44,7 @@ YAML
 }
 
 expect_refusal 2 "not found" -- export j-00000000 "$WORK/none.safetensors"
-expect_refusal 2 "export takes a job id and the file to write" -- export j-00000000
+expect_refusal 2 "export takes a job id and where to write" -- export j-00000000
 
 # A job without checkpoint.dir has nothing to export.
 printf 'name: plain\nmodel: {layers: 1, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}\ndata: {synthetic: {}}\ntrain: {steps: 2, batch_size: 2}\n' \
@@ -189,6 +189,76 @@ grep -q "^exported 28 tensors" "$WORK/long.txt" || fail "export of the running j
 "$FERRY" cancel "$LONG" >/dev/null
 set +e; "$FERRY" watch "$LONG" >/dev/null 2>&1; set -e
 "$FERRY" info >/dev/null || fail "ferryd is not answering after the exports"
+
+# A Llama-family job exported as a Hugging Face model folder: config.json,
+# model.safetensors with Llama's names (q/k/v and gate/up split back out of
+# their fused layers), generation_config.json; an independent PyTorch
+# forward (llama_reference.py's) reads it and gives the loss Ferry's eval
+# gives; a new job starts from the folder (model.init_from) and generation
+# runs from it.
+cat >"$WORK/llama.yaml" <<YAML
+name: llama-export
+model: {preset: llama-tiny, layers: 2, seq_len: 32}
+data: {synthetic: {}}
+train: {steps: 6, batch_size: 4, lr: 3.0e-3, threads: 1}
+checkpoint: {dir: $WORK/llama-ckpt, every_steps: 6, keep: 1}
+YAML
+LLAMA="$("$FERRY" submit "$WORK/llama.yaml" -o json | json "d['id']")"
+"$FERRY" watch "$LLAMA" >"$WORK/llama.watch" 2>&1 || fail "the llama job failed: $(tail -3 "$WORK/llama.watch")"
+"$FERRY" export "$LLAMA" "$WORK/llama-hf" >"$WORK/llama.txt" || fail "folder export failed: $(cat "$WORK/llama.txt")"
+cat "$WORK/llama.txt"
+grep -q "^exported 21 tensors (.* in 3 files) of $LLAMA at step 6 to $WORK/llama-hf$" "$WORK/llama.txt" \
+  || fail "ferry export said: $(cat "$WORK/llama.txt")"
+[ "$(ls "$WORK/llama-hf" | tr '\n' ' ')" = "config.json generation_config.json model.safetensors " ] \
+  || fail "the folder holds: $(ls "$WORK/llama-hf")"
+expect_refusal 2 "exists; export a model folder into a new one" -- export "$LLAMA" "$WORK/llama-hf"
+"$PY" - "$WORK/llama-hf" "$RUNFILES/engine/train" <<'PYEOF' || fail "the exported folder is not Llama's layout"
+import json, struct, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+import llama_reference as ref
+
+folder = sys.argv[1]
+config = json.load(open(folder + "/config.json"))
+assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"], config
+assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (2, 128, 2), config
+assert config["rope_scaling"]["rope_type"] == "llama3" and config["tie_word_embeddings"] is False, config
+data = open(folder + "/model.safetensors", "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n]); meta = header.pop("__metadata__")
+assert meta["model_type"] == "llama" and meta["step"] == "6", meta
+body = bytearray(data[8 + n:])
+w = {k: torch.frombuffer(body, dtype=torch.float32, offset=v["data_offsets"][0],
+                         count=(v["data_offsets"][1] - v["data_offsets"][0]) // 4).reshape(v["shape"]).double()
+     for k, v in header.items()}
+class A: pass
+a = A()
+a.model_type, a.layers, a.hidden, a.heads = "llama", 2, 128, 4
+a.kv_heads, a.head_dim, a.intermediate, a.vocab = 2, 32, 352, 256
+a.tied, a.rope_theta, a.llama3_factor, a.llama3_original = False, 500000.0, 8.0, 64
+a.eps = config["rms_norm_eps"]
+expected = dict(ref.names(a))
+assert sorted(w) == sorted(expected), sorted(set(w) ^ set(expected))
+for name, shape in expected.items():
+    assert tuple(w[name].shape) == tuple(shape), (name, w[name].shape, shape)
+tokens = torch.arange(33).remainder(256).unsqueeze(0)
+loss = ref.forward_loss(w, tokens, a).item()
+assert 0 < loss < 10, loss
+print(f"{len(w)} tensors with Llama's names and shapes; the reference's loss on a window: {loss:.4f}")
+PYEOF
+cat >"$WORK/from-folder.yaml" <<YAML
+name: from-folder
+model: {init_from: $WORK/llama-hf, seq_len: 32}
+data: {synthetic: {}}
+train: {steps: 2, batch_size: 2, lr: 1.0e-4, threads: 1}
+YAML
+FROM="$("$FERRY" submit "$WORK/from-folder.yaml" -o json | json "d['id']")"
+"$FERRY" watch "$FROM" >"$WORK/from.watch" 2>&1 || fail "the job from the folder failed: $(tail -3 "$WORK/from.watch")"
+[ "$("$FERRY" get "$FROM" -o json | json "d['spec']['model']['architecture']['model_type']")" = "llama" ] \
+  || fail "the job from the folder is not a llama: $("$FERRY" get "$FROM" -o json)"
+"$FERRY" generate --weights="$WORK/llama-hf" --prompt_ids=1,2,3 --max_tokens=5 --temperature=0 -o json \
+  >"$WORK/gen.json" 2>&1 || fail "generate from the folder: $(cat "$WORK/gen.json")"
+echo "generated from the folder: $(cat "$WORK/gen.json" | head -c 300)"
 
 # ferry-worker --export on its own: bad usage exits 2 with the field named.
 printf 'name: x\ndata: {synthetic: {}}\n' >"$WORK/nodir.yaml"

@@ -1,0 +1,115 @@
+// Export and init_from are each other's inverse, bit for bit, for every
+// family: a trained model's weights exported in its Hugging Face layout
+// (the fused q/k/v and gate/up layers split into their projections), then
+// written as a model folder of two shards with their index and config.json,
+// read back through model.init_from give exactly the trained fp32 values,
+// and config.json reads back as the model.
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/checkpoint/test_files.h"
+#include "engine/data/synthetic_source.h"
+#include "engine/memory/simulated_device.h"
+#include "engine/model/gpt.h"
+#include "engine/model/hf_layout.h"
+#include "engine/train/gpt2_export.h"
+#include "engine/train/gpt2_import.h"
+#include "engine/train/trainer.h"
+
+namespace ferry {
+namespace {
+
+class Quiet : public TrainingObserver {
+ public:
+  void OnStep(const StepReport&) override {}
+};
+
+class HfRoundTripTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfRoundTripTest, ExportThenInitFromIsBitForBit) {
+  ModelConfig config = *ModelPreset(GetParam());
+  config.seq_len = 16;
+  TrainOptions train;
+  train.steps = 3;
+  train.batch_size = 2;
+  train.lr = 1e-2;
+  train.threads = 1;
+  SimulatedDevice device(1ull << 30);
+  EngineOptions engine;
+  engine.device = &device;
+  engine.memory = MemoryOptions();
+  engine.checkpoint_every_steps = train.steps;
+  CheckpointContents checkpoint;
+  engine.on_checkpoint = [&](CheckpointContents c, double) {
+    checkpoint = std::move(c);
+    return absl::OkStatus();
+  };
+  Quiet quiet;
+  ASSERT_TRUE(
+      Trainer(config, train, engine, std::make_unique<SyntheticSource>(config.vocab_size, 2, 3, 1), &quiet).Run().ok());
+  absl::StatusOr<NamedTensors> trained = RestoreParameters(config, train, MemoryOptions(), {&checkpoint}, &device, 0, 1);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
+      ExportHfWeights(config, train, MemoryOptions(), {&checkpoint}, &device);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(tensors->size(), HfTensors(config).size());
+
+  // Two shards, their index, config.json.
+  const std::string dir = testing::EmptyTestPath(absl::StrCat("hf-roundtrip-", GetParam()));
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  const size_t half = tensors->size() / 2;
+  std::string index = R"({"metadata": {}, "weight_map": {)";
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    index += absl::StrCat(i ? ", " : "", "\"", (*tensors)[i].name, "\": \"model-0000", i < half ? 1 : 2,
+                          "-of-00002.safetensors\"");
+  }
+  std::ofstream(dir + "/model.safetensors.index.json") << index << "}}";
+  for (int shard = 1; shard <= 2; ++shard) {
+    std::vector<SafetensorsTensor> part(tensors->begin() + (shard == 1 ? 0 : static_cast<long>(half)),
+                                        shard == 1 ? tensors->begin() + static_cast<long>(half) : tensors->end());
+    std::string bytes;
+    ASSERT_TRUE(SerializeSafetensors(part, {}, &bytes).ok());
+    std::ofstream(absl::StrCat(dir, "/model-0000", shard, "-of-00002.safetensors"), std::ios::binary) << bytes;
+  }
+  std::ofstream(dir + "/config.json") << HfConfigJson(config);
+  absl::StatusOr<HfConfig> read = ReadHfFolderConfig(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  read->model.seq_len = config.seq_len;
+  EXPECT_EQ(read->model.ParameterCount(), config.ParameterCount());
+  EXPECT_EQ(read->model.QkvRows(), config.QkvRows());
+  EXPECT_EQ(read->model.tied, config.tied);
+
+  // Read back into a model built without its values, as the chunks are.
+  Gpt model(read->model, nullptr, GptImpl::ParameterInit::kDeferred);
+  ASSERT_TRUE(InitFromWeights(dir, read->model, *model).ok());
+  model->Materialize();
+  size_t i = 0;
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_LT(i, trained->size());
+    const auto& [name, value] = (*trained)[i++];
+    EXPECT_EQ(p.key(), name);
+    EXPECT_TRUE(at::equal(p.value(), value.to(at::kFloat).reshape(p.value().sizes()))) << name;
+  }
+  EXPECT_EQ(i, trained->size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfRoundTripTest,
+                         ::testing::Values("gpt2-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace ferry
