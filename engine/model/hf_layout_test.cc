@@ -114,7 +114,7 @@ TEST(HfLayoutTest, WhatFerryDoesNotImplementIsRefusedNamingTheField) {
       {R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
            "num_key_value_heads": 3, "intermediate_size": 128, "vocab_size": 256})",
        "model.kv_heads"},
-      {R"({"model_type": "llama", "num_hidden_layers": -2})", "num_hidden_layers must be a positive integer"},
+      {R"({"model_type": "llama", "num_hidden_layers": -2})", "num_hidden_layers must be an integer from 1 to 1024"},
       {R"({"model_type": "llama", "attention_bias": true, "num_hidden_layers": 2, "hidden_size": 64,
            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256})",
        "attention_bias"},

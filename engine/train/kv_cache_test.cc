@@ -69,7 +69,9 @@ Trained Train(const std::string& preset) {
       ExportHfWeights(t.config, Training(), MemoryOptions(), {&t.checkpoint}, &device);
   EXPECT_TRUE(tensors.ok()) << tensors.status();
   std::string bytes;
-  if (tensors.ok()) EXPECT_TRUE(SerializeSafetensors(*tensors, {{"format", "pt"}}, &bytes).ok());
+  if (tensors.ok()) {
+    EXPECT_TRUE(SerializeSafetensors(*tensors, {{"format", "pt"}}, &bytes).ok());
+  }
   t.weights = ::testing::TempDir() + "/kv_cache_" + preset + ".safetensors";
   std::ofstream(t.weights, std::ios::binary) << bytes;
   return t;

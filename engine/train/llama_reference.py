@@ -39,6 +39,8 @@ import struct
 import torch
 import torch.nn.functional as F
 
+from gpt2_reference import write_safetensors  # beside this file
+
 
 def names(a):
     """Every tensor's name and shape, Hugging Face's."""
@@ -161,22 +163,10 @@ def forward_loss(w, tokens, a):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def safetensors_bytes(tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
-
-
 def write_weights(outdir, tensors, shards):
+    """model.safetensors, or `shards` files and their index."""
     if shards <= 1:
-        with open(os.path.join(outdir, "model.safetensors"), "wb") as f:
-            f.write(safetensors_bytes(tensors))
+        write_safetensors(os.path.join(outdir, "model.safetensors"), tensors)
         return
     items = list(tensors.items())
     per = (len(items) + shards - 1) // shards
@@ -184,8 +174,7 @@ def write_weights(outdir, tensors, shards):
     for s in range(shards):
         part = dict(items[s * per:(s + 1) * per])
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        with open(os.path.join(outdir, name), "wb") as f:
-            f.write(safetensors_bytes(part))
+        write_safetensors(os.path.join(outdir, name), part)
         for n, t in part.items():
             weight_map[n] = name
             total += 4 * t.numel()

@@ -298,6 +298,15 @@ TEST_P(LlamaReferenceTest, ChunkedBf16TracksThePyTorchReference) {
   ExpectReference(ref, Train(ref, Options(TrainOptions::Precision::kBf16), Streamed()), 2e-2, 2e-2, 3e-2);
 }
 
+// fp16 weights, activations and gradients with dynamic loss scaling: within
+// fp16's rounding (a relative 5e-4 a value) of the fp64 reference.
+TEST_P(LlamaReferenceTest, ChunkedFp16TracksThePyTorchReference) {
+  const Reference& ref = ReferenceOf(GetParam());
+  TrainOptions options = Options(TrainOptions::Precision::kFp16);
+  options.loss_scale = 1024;
+  ExpectReference(ref, Train(ref, options, Streamed()), 2e-2, 2e-2, 3e-2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, LlamaReferenceTest, ::testing::ValuesIn(kVariants),
                          [](const ::testing::TestParamInfo<Variant>& info) { return std::string(info.param.name); });
 

@@ -955,44 +955,59 @@ absl::StatusOr<NamedTensors> RestoreParameters(const ModelConfig& model, const T
 
 namespace {
 
-// New positions for a cache: one row, at least one token, within seq_len.
-absl::Status CheckAppend(const ModelConfig& config, const KvCache& cache, const at::Tensor& tokens) {
-  if (tokens.dim() != 2 || tokens.size(0) != 1 || tokens.size(1) < 1) {
-    return absl::InvalidArgumentError("cached generation takes one row of at least one token");
-  }
-  if (cache.positions() + tokens.size(1) > config.seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("cached generation: ", cache.positions(), " positions cached and ",
-                                                   tokens.size(1), " more are beyond seq_len ", config.seq_len,
-                                                   "; reset the cache"));
-  }
-  return absl::OkStatus();
-}
-
-// Through the chunks: the memory manager places them on the device.
-class ChunkedInferenceModel : public InferenceModel {
+// The cache and its checks, for an inference model that computes the
+// logits of new positions with or without one.
+class CachingInferenceModel : public InferenceModel {
  public:
-  ChunkedInferenceModel(const ModelConfig& config, std::unique_ptr<ChunkedEngine> engine,
-                        std::unique_ptr<SilentObserver> observer, std::unique_ptr<Communicator> data)
-      : config_(config), observer_(std::move(observer)), data_(std::move(data)), engine_(std::move(engine)) {}
-
+  explicit CachingInferenceModel(const ModelConfig& config) : config_(config) {}
   const ModelConfig& config() const override { return config_; }
-
   absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override { return Logits(tokens, nullptr); }
   absl::StatusOr<at::Tensor> AppendLogits(const at::Tensor& tokens) override {
-    RETURN_IF_ERROR(CheckAppend(config_, cache_, tokens));
-    return Logits(tokens, &cache_);
+    // New positions: one row, at least one token, within seq_len.
+    if (tokens.dim() != 2 || tokens.size(0) != 1 || tokens.size(1) < 1) {
+      return absl::InvalidArgumentError("cached generation takes one row of at least one token");
+    }
+    if (cache_.positions() + tokens.size(1) > config_.seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("cached generation: ", cache_.positions(),
+                                                     " positions cached and ", tokens.size(1),
+                                                     " more are beyond seq_len ", config_.seq_len,
+                                                     "; reset the cache"));
+    }
+    absl::StatusOr<at::Tensor> logits = Logits(tokens, &cache_);
+    // A forward that failed part way leaves some blocks' positions cached.
+    if (!logits.ok()) cache_.Clear();
+    return logits;
   }
   void ResetCache() override { cache_.Clear(); }
   int64_t cached_positions() const override { return cache_.positions(); }
 
+ protected:
+  // The last position's logits of `tokens`, after `cache`'s positions when
+  // there is one, which then holds theirs too.
+  virtual absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) = 0;
+  ModelConfig config_;
+
  private:
-  absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) {
+  KvCache cache_;
+};
+
+// Through the chunks: the memory manager places them on the device.
+class ChunkedInferenceModel : public CachingInferenceModel {
+ public:
+  ChunkedInferenceModel(const ModelConfig& config, std::unique_ptr<ChunkedEngine> engine,
+                        std::unique_ptr<SilentObserver> observer, std::unique_ptr<Communicator> data)
+      : CachingInferenceModel(config),
+        observer_(std::move(observer)),
+        data_(std::move(data)),
+        engine_(std::move(engine)) {}
+
+ protected:
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) override {
     at::Tensor logits;
     RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
       try {
         logits = engine_->LastLogits(tokens, cache).to(at::kCPU);
       } catch (const c10::OutOfMemoryError& e) {
-        if (cache != nullptr) cache->Clear();
         return absl::ResourceExhaustedError(engine_->ExplainOutOfMemory(e.what_without_backtrace()));
       }
       return absl::OkStatus();
@@ -1000,31 +1015,20 @@ class ChunkedInferenceModel : public InferenceModel {
     return logits;
   }
 
-  KvCache cache_;
-  ModelConfig config_;
+ private:
   std::unique_ptr<SilentObserver> observer_;  // the engine's, outlives it
   std::unique_ptr<Communicator> data_;        // the engine's shape of its data group, outlives it
   std::unique_ptr<ChunkedEngine> engine_;
 };
 
 // The whole model on the device, in fp32.
-class WholeInferenceModel : public InferenceModel {
+class WholeInferenceModel : public CachingInferenceModel {
  public:
   WholeInferenceModel(const ModelConfig& config, Gpt model, MemoryDevice* device)
-      : config_(config), model_(std::move(model)), device_(device) {}
+      : CachingInferenceModel(config), model_(std::move(model)), device_(device) {}
 
-  const ModelConfig& config() const override { return config_; }
-
-  absl::StatusOr<at::Tensor> LastLogits(const at::Tensor& tokens) override { return Logits(tokens, nullptr); }
-  absl::StatusOr<at::Tensor> AppendLogits(const at::Tensor& tokens) override {
-    RETURN_IF_ERROR(CheckAppend(config_, cache_, tokens));
-    return Logits(tokens, &cache_);
-  }
-  void ResetCache() override { cache_.Clear(); }
-  int64_t cached_positions() const override { return cache_.positions(); }
-
- private:
-  absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) {
+ protected:
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& tokens, KvCache* cache) override {
     at::Tensor logits;
     RETURN_IF_ERROR(CallTorch("generating", [&]() -> absl::Status {
       try {
@@ -1046,8 +1050,7 @@ class WholeInferenceModel : public InferenceModel {
     return logits;
   }
 
-  KvCache cache_;
-  ModelConfig config_;
+ private:
   Gpt model_;
   MemoryDevice* device_;
 };
@@ -1112,7 +1115,7 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::st
     {
       HostAllocationScope host;
       gpt = Gpt(model, nullptr, GptImpl::ParameterInit::kDeferred);
-      RETURN_IF_ERROR(InitFromWeights(path, model, *gpt));
+      if (!path.empty()) RETURN_IF_ERROR(InitFromWeights(path, model, *gpt));
       if (!memory.has_value()) gpt->Materialize();
     }
     if (!memory.has_value()) {

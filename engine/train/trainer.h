@@ -157,7 +157,9 @@ absl::StatusOr<std::unique_ptr<InferenceModel>> RestoreInferenceModel(const Mode
 // `model`'s weights (gpt2_import.h; INVALID_ARGUMENT naming the tensor
 // otherwise): with `memory`, in chunks placed by the memory manager as
 // above (options.precision gives their type); without, whole on `device`
-// in fp32. `device` must outlive the model.
+// in fp32. `device` must outlive the model. An empty `path`: the model's
+// own initial values, drawn as a job's first step starts from them (for
+// measuring generation without weights to load).
 absl::StatusOr<std::unique_ptr<InferenceModel>> LoadInferenceModel(const std::string& path, const ModelConfig& model,
                                                                    const TrainOptions& options,
                                                                    const std::optional<MemoryOptions>& memory,

@@ -41,15 +41,16 @@ absl::Status ValidateGenerateRequest(const ferry::v1::GenerateRequest& request) 
   }
   const std::string& kind = request.tokenizer();
   const int files = request.tokenizer_files_size();
-  if (!kind.empty() && kind != "byte" && kind != "gpt2" && kind != "sentencepiece") {
+  if (!kind.empty() && kind != "byte" && kind != "gpt2" && kind != "sentencepiece" && kind != "hf") {
     return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer: '", kind, "' is not one; give gpt2, sentencepiece or byte"));
+        absl::StrCat("tokenizer: '", kind, "' is not one; give gpt2, sentencepiece, hf or byte"));
   }
   if ((kind == "byte" && files != 0) || (kind == "gpt2" && files != 2) || (kind == "sentencepiece" && files != 1) ||
-      (kind.empty() && files != 0)) {
+      (kind == "hf" && (files < 1 || files > 2)) || (kind.empty() && files != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tokenizer_files: ", files, " given for tokenizer '", kind,
-        "'; gpt2 takes vocab.json and merges.txt, sentencepiece its .model file, byte none"));
+        "'; gpt2 takes vocab.json and merges.txt, sentencepiece its .model file, hf tokenizer.json (and "
+        "tokenizer_config.json) or a model folder, byte none"));
   }
   for (const std::string& file : request.tokenizer_files()) {
     if (file.empty() || file[0] != '/') {

@@ -16,6 +16,7 @@
 #include "engine/checkpoint/safetensors.h"
 #include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
+#include "engine/data/hf_tokenizer.h"
 #include "engine/data/text_stream.h"
 #include "engine/data/token_file.h"
 #include "engine/data/tokenizer_loader.h"
@@ -121,6 +122,13 @@ absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots&
       ASSIGN_OR_RETURN(out->tokenizer, LoadTokenizer(info, spec.data().path()));
     }
   }
+  // Where generation stops: the model folder the job started from says,
+  // else its tokenizer.
+  const std::string& from = spec.model().init_from();
+  if (!from.empty() && ModelFiles::IsFolder(from)) {
+    absl::StatusOr<HfConfig> origin = ReadHfFolderConfig(from);
+    if (origin.ok()) out->stop_tokens = origin->eos_token_ids;
+  }
   return absl::OkStatus();
 }
 
@@ -151,7 +159,18 @@ absl::Status LoadFromWeights(const ferry::v1::GenerateRequest& request, const Ge
   ASSIGN_OR_RETURN(out->device, MakeMemoryDevice(options.device == "auto" ? "cpu" : options.device, 0));
   ASSIGN_OR_RETURN(out->model,
                    LoadInferenceModel(path, *config, TrainOptions(), MemoryOptions(), out->device.get()));
-  if (!request.tokenizer().empty()) {
+  if (request.tokenizer().empty() && ModelFiles::IsFolder(path)) {
+    // A model folder's own tokenizer, where it has one.
+    absl::StatusOr<TokenizerSpec> spec = HfTokenizerSpec(path);
+    if (spec.ok()) {
+      for (const std::string& file : spec->files) {
+        RETURN_IF_ERROR(CheckConfined(roots, "weights_path", file, PathKind::kFile).status());
+      }
+      absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(*spec);
+      if (!tokenizer.ok()) return absl::InvalidArgumentError(absl::StrCat("weights_path: ", tokenizer.status().message()));
+      out->tokenizer = *std::move(tokenizer);
+    }
+  } else if (!request.tokenizer().empty()) {
     TokenizerSpec spec;
     spec.kind = request.tokenizer();
     for (const std::string& file : request.tokenizer_files()) {
@@ -212,6 +231,11 @@ absl::Status GenerateText(const GenerateTextOptions& options) {
     RETURN_IF_ERROR(LoadFromJob(options, *roots, &loaded));
   } else {
     RETURN_IF_ERROR(LoadFromWeights(request, options, *roots, &loaded));
+  }
+  if (loaded.stop_tokens.empty()) {
+    if (const auto* hf = dynamic_cast<const HfTokenizer*>(loaded.tokenizer.get()); hf != nullptr) {
+      for (uint32_t id : hf->eos_ids()) loaded.stop_tokens.push_back(id);
+    }
   }
   std::vector<int64_t> prompt;
   if (!request.prompt().empty()) {

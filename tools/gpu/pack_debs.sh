@@ -21,6 +21,8 @@ PACKAGES=(
   libyaml-cpp-dev libyaml-cpp0.7
   # PCRE2's 8-bit library (GPT-2's pre-tokenisation pattern).
   libpcre2-dev libpcre2-8-0
+  # utf8proc (Unicode normalisation of Hugging Face tokenizers).
+  libutf8proc-dev libutf8proc2
   nlohmann-json3-dev
   # zlib's headers and link name; the runtime too, which libz.so points at.
   zlib1g-dev zlib1g
