@@ -679,8 +679,9 @@ int Cli::Export(const std::vector<std::string>& args) {
                  "folder");
   }
   const std::string& id = args[0];
-  const std::string& path = args[1];
+  std::string path = args[1];
   const bool folder = !absl::EndsWith(path, ".safetensors");
+  while (folder && path.size() > 1 && path.back() == '/') path.pop_back();
   struct stat st;
   if (folder && stat(path.c_str(), &st) == 0) {
     err_ << "ferry: " << path << " exists; export a model folder into a new one (or name a FILE.safetensors)\n";

@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -158,7 +159,24 @@ bool CheckModel(Problems& p, const ferry::v1::ModelSpec& m) {
   if (!(m.dropout() >= 0.0 && m.dropout() < 1.0)) {
     local.Invalid(absl::StrCat("model.dropout: ", m.dropout(), " is out of range; use 0 to below 1"));
   }
-  const std::string& type = m.architecture().model_type();
+  // The architecture's sizes, within what a model can be (so that no size
+  // overflows), and its numbers finite.
+  const ferry::v1::ModelArchitecture& a = m.architecture();
+  local.Range("model.architecture.kv_heads", a.kv_heads(), 0u, 1024u);
+  local.Range("model.architecture.head_dim", a.head_dim(), 0u, 65536u);
+  local.Range("model.architecture.intermediate", a.intermediate(), 0u, 1u << 20);
+  local.Range("model.architecture.rope_original_max_positions", a.rope_original_max_positions(), 0u, 1u << 31);
+  for (const auto& [field, value, most] : std::vector<std::tuple<const char*, double, double>>{
+           {"model.architecture.norm_eps", a.norm_eps(), 1.0},
+           {"model.architecture.rope_theta", a.rope_theta(), 1e12},
+           {"model.architecture.rope_factor", a.rope_factor(), 1e9},
+           {"model.architecture.rope_low_freq_factor", a.rope_low_freq_factor(), 1e9},
+           {"model.architecture.rope_high_freq_factor", a.rope_high_freq_factor(), 1e9}}) {
+    if (!(value >= 0 && value <= most)) {
+      local.Invalid(absl::StrCat(field, ": ", value, " is out of range; use 0 (the default) to ", most));
+    }
+  }
+  const std::string& type = a.model_type();
   if (absl::StatusOr<ModelConfig> family = ModelFamily(type.empty() ? "gpt2" : type); !family.ok()) {
     local.Invalid(absl::StrCat("model.architecture.model_type: ", family.status().message()));
   } else if (local.empty()) {

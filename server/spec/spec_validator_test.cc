@@ -1028,6 +1028,10 @@ TEST(SpecValidatorTest, LlamaFamilyShapesAreChecked) {
                 absl::StatusCode::kInvalidArgument, "model.architecture.model_type: unknown model_type \"falcon\"");
   ExpectProblem("model: {preset: llama-tiny, architecture: {model_type: llama, kv_heads: 3}}\ndata: {synthetic: {}}",
                 absl::StatusCode::kInvalidArgument, "model.kv_heads: 3 does not divide model.heads (4)");
+  ExpectProblem("model: {preset: llama-tiny, architecture: {head_dim: 100000}}\ndata: {synthetic: {}}",
+                absl::StatusCode::kInvalidArgument, "model.architecture.head_dim");
+  ExpectProblem("model: {preset: llama-tiny, architecture: {norm_eps: 2}}\ndata: {synthetic: {}}",
+                absl::StatusCode::kInvalidArgument, "model.architecture.norm_eps: 2 is out of range");
   EXPECT_TRUE(ValidateSpec(Resolved("model: {preset: llama-tiny}\nparallel: {tensor: 2}\ndata: {synthetic: {}}"),
                            Machine())
                   .ok());

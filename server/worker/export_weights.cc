@@ -57,10 +57,11 @@ absl::StatusOr<std::string> ReadConfined(const AllowedRoots& roots, const std::s
 // end-of-sequence tokens where known (the model folder the job started
 // from says them), and the files of the tokenizer the job's data was made
 // with. Written into a fresh directory beside `dir`, then renamed to it.
-absl::Status WriteModelFolder(const std::string& dir, const ferry::v1::JobSpec& spec, const ModelConfig& model,
+absl::Status WriteModelFolder(std::string dir, const ferry::v1::JobSpec& spec, const ModelConfig& model,
                               const std::vector<SafetensorsTensor>& tensors,
                               const std::map<std::string, std::string>& metadata, const AllowedRoots& roots,
                               ExportSummary* summary) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   struct stat st;
   if (stat(dir.c_str(), &st) == 0) {
     return absl::FailedPreconditionError(absl::StrCat(dir, " exists; export into a new folder"));
