@@ -88,15 +88,6 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  return text.str();
-}
-
 // Reads vocab.json as a stream of events: one object of string -> integer,
 // nothing nested (so no input can build a deep document).
 class VocabReader : public nlohmann::json_sax<nlohmann::json> {
@@ -151,6 +142,15 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadTokenizerFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  return text.str();
+}
+
 uint32_t Gpt2ByteToCodePoint(unsigned char byte) { return Table().to_code[byte]; }
 
 bool Gpt2TokenBytes(absl::string_view token, std::string* bytes) {
@@ -190,9 +190,9 @@ Gpt2Tokenizer::~Gpt2Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Load(const std::string& vocab_path,
                                                                    const std::string& merges_path) {
-  absl::StatusOr<std::string> vocab = ReadFile(vocab_path, "vocab.json");
+  absl::StatusOr<std::string> vocab = ReadTokenizerFile(vocab_path, "vocab.json");
   if (!vocab.ok()) return vocab.status();
-  absl::StatusOr<std::string> merges = ReadFile(merges_path, "merges.txt");
+  absl::StatusOr<std::string> merges = ReadTokenizerFile(merges_path, "merges.txt");
   if (!merges.ok()) return merges.status();
   return FromContents(*vocab, *merges, TokenizerSpec{kGpt2Tokenizer, {vocab_path, merges_path}});
 }

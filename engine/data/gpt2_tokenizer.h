@@ -87,4 +87,8 @@ bool Gpt2TokenBytes(absl::string_view token, std::string* bytes);
 // The inverse: `bytes` in GPT-2's alphabet, UTF-8.
 std::string Gpt2TokenText(absl::string_view bytes);
 
+// A tokenizer file's whole contents; NOT_FOUND naming `what` and the path
+// when it cannot be read.
+absl::StatusOr<std::string> ReadTokenizerFile(const std::string& path, const char* what);
+
 }  // namespace ferry

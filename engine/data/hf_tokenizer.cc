@@ -142,15 +142,6 @@ std::string Normalize(absl::string_view text, int options) {
   return out;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  return text.str();
-}
-
 // Where a JSON text stops being JSON, for the message.
 class ErrorPosition : public nlohmann::json_sax<json> {
  public:
@@ -767,12 +758,12 @@ HfTokenizer::~HfTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& tokenizer_json_path,
                                                                const std::string& config_path) {
-  absl::StatusOr<std::string> tokenizer = ReadFile(tokenizer_json_path, "tokenizer.json");
+  absl::StatusOr<std::string> tokenizer = ReadTokenizerFile(tokenizer_json_path, "tokenizer.json");
   if (!tokenizer.ok()) return tokenizer.status();
   std::string config;
   TokenizerSpec spec{kHfTokenizer, {tokenizer_json_path}};
   if (!config_path.empty()) {
-    absl::StatusOr<std::string> c = ReadFile(config_path, "tokenizer_config.json");
+    absl::StatusOr<std::string> c = ReadTokenizerFile(config_path, "tokenizer_config.json");
     if (!c.ok()) return c.status();
     config = std::move(*c);
     spec.files.push_back(config_path);
