@@ -1,5 +1,6 @@
 #include "server/common/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,6 +63,20 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     return absl::FailedPreconditionError(absl::StrCat("cannot replace ", path, ": ", std::strerror(err)));
   }
   return absl::OkStatus();
+}
+
+void RemoveFileOrFolder(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) {
+    unlink(path.c_str());
+    return;
+  }
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") unlink((path + "/" + name).c_str());
+  }
+  closedir(d);
+  rmdir(path.c_str());
 }
 
 }  // namespace ferry

@@ -19,4 +19,8 @@ absl::Status MakeDirs(const std::string& path);
 // it over `path`: readers see the old contents or the new, never a mix.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
+// Removes the file `path`, or the folder `path` and the files in it (one
+// level: what an export writes). Nothing there is not an error.
+void RemoveFileOrFolder(const std::string& path);
+
 }  // namespace ferry

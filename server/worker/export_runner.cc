@@ -105,23 +105,9 @@ absl::StatusOr<ExportedWeights> ReadFolderSummary(const std::string& dir) {
   return summary;
 }
 
-void RemovePath(const std::string& path) {
-  DIR* d = opendir(path.c_str());
-  if (d == nullptr) {
-    unlink(path.c_str());
-    return;
-  }
-  while (const dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") unlink((path + "/" + name).c_str());
-  }
-  closedir(d);
-  rmdir(path.c_str());
-}
-
 }  // namespace
 
-void RemoveExport(const ExportedWeights& exported) { RemovePath(exported.path); }
+void RemoveExport(const ExportedWeights& exported) { RemoveFileOrFolder(exported.path); }
 
 absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary, const std::string& job_dir,
                                                 const ferry::v1::JobSpec& spec,
@@ -167,7 +153,7 @@ absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary
       kill(-*pid, SIGKILL);
       while (waitpid(*pid, &wait_status, 0) < 0 && errno == EINTR) {
       }
-      RemovePath(out_path);
+      RemoveFileOrFolder(out_path);
       return absl::CancelledError("the export was cancelled");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -175,12 +161,12 @@ absl::StatusOr<ExportedWeights> RunWorkerExport(const std::string& worker_binary
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
     absl::StatusOr<ExportedWeights> summary = folder ? ReadFolderSummary(out_path) : ReadSafetensorsSummary(out_path);
     if (!summary.ok()) {
-      RemovePath(out_path);
+      RemoveFileOrFolder(out_path);
       return absl::InternalError(absl::StrCat("ferry-worker --export wrote a bad file: ", summary.status().message()));
     }
     return summary;
   }
-  RemovePath(out_path);
+  RemoveFileOrFolder(out_path);
   const std::string tail = FileTail(log_path, 1, 4096);
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kBadUsage) {
     return absl::FailedPreconditionError(std::string(absl::StripPrefix(tail, "ferry-worker: ")));

@@ -67,11 +67,11 @@ absl::Status WriteModelFolder(std::string dir, const ferry::v1::JobSpec& spec, c
     return absl::FailedPreconditionError(absl::StrCat(dir, " exists; export into a new folder"));
   }
   const std::string tmp = absl::StrCat(dir, ".tmp-", getpid());
-  std::system(absl::StrCat("rm -rf '", tmp, "'").c_str());
+  RemoveFileOrFolder(tmp);
   if (mkdir(tmp.c_str(), 0755) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
   }
-  auto abandon = absl::MakeCleanup([&] { std::system(absl::StrCat("rm -rf '", tmp, "'").c_str()); });
+  auto abandon = absl::MakeCleanup([&] { RemoveFileOrFolder(tmp); });
   auto write = [&](const std::string& name, const std::string& bytes) {
     summary->bytes += bytes.size();
     ++summary->files;
