@@ -48,6 +48,9 @@ ABSL_FLAG(int64_t, steps, 5, "Steps to train, the warm-up included.");
 ABSL_FLAG(std::string, disk_dir, "/var/tmp/ferry-moonshot", "Directory for the disk tier's chunk files.");
 ABSL_FLAG(double, host_budget_gib, 12, "memory.host_budget of the GPT-2 XL run, in GiB; other than 12, the results "
           "go to moonshot_hostNg.json (N the budget).");
+ABSL_FLAG(int64_t, grad_accum_steps, 1,
+          "train.grad_accum_steps: a batch of this many sequences, one per micro-batch; other than 1, the results go "
+          "to moonshot_accumN.json (N the micro-batches) and no checkpoint is taken.");
 ABSL_FLAG(std::string, out, "", "JSON output path (default bench/results/moonshot.json).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Where the checkpoint after the last step but one is streamed and resumed from (default: a directory "
@@ -97,10 +100,14 @@ int Run() {
   ModelConfig model;
   uint64_t device_bytes = kGiB;
   uint64_t host_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_host_budget_gib) * double(kGiB));
-  const std::string name = quick ? std::string("moonshot_quick")
-                           : host_budget == 12 * kGiB
-                               ? std::string("moonshot")
-                               : absl::StrFormat("moonshot_host%gg", absl::GetFlag(FLAGS_host_budget_gib));
+  const int64_t micro_batches = std::max<int64_t>(1, absl::GetFlag(FLAGS_grad_accum_steps));
+  // Accumulation is about the step, not the checkpoint: those runs take none.
+  const bool checkpoints = micro_batches == 1;
+  std::string name = quick ? std::string("moonshot_quick")
+                     : host_budget == 12 * kGiB
+                         ? std::string("moonshot")
+                         : absl::StrFormat("moonshot_host%gg", absl::GetFlag(FLAGS_host_budget_gib));
+  if (micro_batches > 1) absl::StrAppend(&name, "_accum", micro_batches);
   if (quick) {
     model.layers = 8;
     model.hidden = 512;
@@ -129,11 +136,11 @@ int Run() {
   memory.disk_budget_bytes = 200 * kGiB;
   memory.recompute = MemoryOptions::Recompute::kAuto;
 
-  std::printf("moonshot: %lld parameters (%d layers, hidden %lld, vocab %lld, seq %lld), bf16, batch 1; "
-              "device %.0f MiB, host budget %.2f GiB, disk tier in %s\n",
+  std::printf("moonshot: %lld parameters (%d layers, hidden %lld, vocab %lld, seq %lld), bf16, "
+              "batch %lld, one sequence a micro-batch; device %.0f MiB, host budget %.2f GiB, disk tier in %s\n",
               static_cast<long long>(model.ParameterCount()), static_cast<int>(model.layers),
               static_cast<long long>(model.hidden), static_cast<long long>(model.vocab_size),
-              static_cast<long long>(model.seq_len), double(device_bytes) / kMiB, double(host_budget) / kGiB,
+              static_cast<long long>(model.seq_len), static_cast<long long>(micro_batches), double(device_bytes) / kMiB, double(host_budget) / kGiB,
               memory.disk_dir.c_str());
   std::fflush(stdout);
 
@@ -157,7 +164,8 @@ int Run() {
   {
     SimulatedDevice device(device_bytes);
     train.steps = steps;
-    train.batch_size = 1;
+    train.batch_size = micro_batches;
+    train.grad_accum_steps = micro_batches;
     train.lr = quick ? 1e-3 : 6e-4;
     train.min_lr = train.lr / 10;
     train.warmup_steps = 1;
@@ -166,7 +174,7 @@ int Run() {
     engine.device = &device;
     engine.memory = memory;
     engine.checkpoint_every_steps = steps - 1;
-    engine.on_checkpoint = [&](CheckpointContents c, double seconds) -> absl::Status {
+    if (checkpoints) engine.on_checkpoint = [&](CheckpointContents c, double seconds) -> absl::Status {
       if (c.step != steps - 1) return absl::OkStatus();
       streamed = !c.produced.empty();
       std::printf("  checkpoint of step %lld: %s\n", static_cast<long long>(c.step),
@@ -182,7 +190,9 @@ int Run() {
 
   // Resume from it and train the last step again.
   double load_seconds = 0, resume_seconds = 0;
-  absl::Status resume_status = status.ok() ? saved.status : status;
+  absl::Status resume_status = !checkpoints ? absl::CancelledError("no checkpoint in an accumulation run")
+                               : status.ok()  ? saved.status
+                                              : status;
   Progress resumed;
   if (resume_status.ok()) {
     const auto load_start = std::chrono::steady_clock::now();
@@ -260,7 +270,7 @@ int Run() {
 
   std::string json = absl::StrCat(
       "{\n  \"model\": ", JsonString(quick ? "quick" : "gpt2-xl"), ",\n  \"params\": ",
-      absl::StrFormat("%.0f", params), ",\n  \"seq_len\": ", model.seq_len, ",\n  \"batch\": 1",
+      absl::StrFormat("%.0f", params), ",\n  \"seq_len\": ", model.seq_len, ",\n  \"batch\": ", micro_batches, ",\n  \"grad_accum_steps\": ", micro_batches,
       ",\n  \"precision\": \"bf16\",\n  \"device_budget_bytes\": ", device_bytes, ",\n  \"host_budget_bytes\": ",
       host_budget, ",\n  \"ok\": ", status.ok() ? "true" : "false", ",\n  \"error\": ",
       JsonString(std::string(status.message())), ",\n  \"steps\": ", r.size(), ",\n  \"losses\": ", JsonList(losses),

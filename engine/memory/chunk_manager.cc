@@ -217,6 +217,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   tiers.host_limit_bytes = options.host_budget_bytes;
   tiers.disk_limit_bytes = options.disk_dir.empty() ? 0 : options.disk_budget_bytes;
   tiers.disk_dir = options.disk_dir;
+  tiers.micro_batches = options.micro_batches;
   TierPlan tier_plan = PlanTiers(tiers);
   if (!tier_plan.feasible) return absl::ResourceExhaustedError(tier_plan.problem);
 

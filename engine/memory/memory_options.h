@@ -53,6 +53,9 @@ struct MemoryOptions {
   // resume): the manager fills no chunk when it is made -- no initial value
   // is drawn or copied, none written to the disk tier only to be replaced.
   bool values_from_checkpoint = false;
+  // Micro-batches a step (the trainer sets it from train.grad_accum_steps):
+  // the tier plan prices gradients on disk by it (TierInput::micro_batches).
+  int micro_batches = 1;
   // With a data group of more than one rank (ZeRO-style sharding; the job
   // spec's parallel.shard): none, every rank holds and updates every chunk
   // whole; optimizer, each data rank owns 1/D of every chunk -- its part of

@@ -137,23 +137,33 @@ void HostNeeds(const TierInput& in, uint64_t slice_bytes, TierPlan* plan) {
   plan->host_construction_bytes = peak;
   plan->host_bytes = std::max(plan->host_steady_bytes, plan->host_construction_bytes);
   plan->disk_bytes = plan->disk_optimizer_bytes + plan->disk_grad_bytes;
-  plan->disk_read_bytes_per_step = plan->disk_bytes;
-  plan->disk_write_bytes_per_step = plan->disk_bytes;
+  const uint64_t grad_moves = static_cast<uint64_t>(std::max(in.micro_batches, 1));
+  plan->disk_read_bytes_per_step = plan->disk_optimizer_bytes + grad_moves * plan->disk_grad_bytes;
+  plan->disk_write_bytes_per_step = plan->disk_read_bytes_per_step;
 }
 
-// Disk time a step cannot hide, as bytes: optimizer states are read and
-// written in the update; gradients are written behind the backward and only
-// read there; each slice of each region is a request.
+// Exposed disk traffic per byte of host memory a payload on disk frees:
+// optimizer states are read and written in the update (2); gradients are
+// read by the update and, before each later micro-batch, written and read
+// back (2M - 1).
+uint64_t GradCostPerByte(const TierInput& in) { return 2 * static_cast<uint64_t>(std::max(in.micro_batches, 1)) - 1; }
+constexpr uint64_t kOptimizerCostPerByte = 2;
+
+// Disk time a step cannot hide, as bytes: the payloads on disk at their
+// cost per byte (above); each slice of each region moved is a request.
 uint64_t ExposedDiskCost(const TierInput& in, const TierPlan& plan) {
   uint64_t requests = 0;
   for (size_t c = 0; c < in.elements.size(); ++c) {
     if (plan.slice_elements[c] == 0) continue;
     const uint64_t slices =
         static_cast<uint64_t>((in.elements[c] + plan.slice_elements[c] - 1) / plan.slice_elements[c]);
-    if (plan.optimizer_tier[c] == Tier::kDisk) requests += 2 * slices * static_cast<uint64_t>(in.optimizer_regions());
-    if (plan.grad_tier[c] == Tier::kDisk) requests += slices;
+    if (plan.optimizer_tier[c] == Tier::kDisk) {
+      requests += kOptimizerCostPerByte * slices * static_cast<uint64_t>(in.optimizer_regions());
+    }
+    if (plan.grad_tier[c] == Tier::kDisk) requests += GradCostPerByte(in) * slices;
   }
-  return 2 * plan.disk_optimizer_bytes + plan.disk_grad_bytes + requests * kDiskRequestCostBytes;
+  return kOptimizerCostPerByte * plan.disk_optimizer_bytes + GradCostPerByte(in) * plan.disk_grad_bytes +
+         requests * kDiskRequestCostBytes;
 }
 
 TierPlan AllOnHost(const TierInput& in) {
@@ -183,13 +193,15 @@ TierPlan PlanTiers(const TierInput& in) {
     return in.host_limit_bytes == 0 || p.host_bytes <= in.host_limit_bytes;
   };
   if (!host_fits(plan) && in.disk_limit_bytes > 0) {
-    // Gradients first, the largest first, then optimizer states. In a small
-    // model the staging slots can be sized by the largest chunk on disk, so a
-    // cap on the states that may go there trades staging for states kept:
-    // for each cap (none, or each state's size) move what it allows until
-    // the host fits, and keep the feasible plan with the least exposed disk
-    // traffic. With no feasible cap, the plan that needs the least host
-    // memory shows how far off the budget is.
+    // The cheaper payload per byte freed first (gradients without
+    // accumulation, optimizer states with it), the largest chunk first, then
+    // the other. In a small model the staging slots can be sized by the
+    // largest chunk on disk, so a cap on the states that may go there trades
+    // staging for states kept: for each cap (none, or each state's size)
+    // move what it allows until the host fits, and keep the feasible plan
+    // with the least exposed disk traffic. With no feasible cap, the plan
+    // that needs the least host memory shows how far off the budget is.
+    const bool grads_first = GradCostPerByte(in) <= kOptimizerCostPerByte;
     std::vector<size_t> order(chunks);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
@@ -202,17 +214,28 @@ TierPlan PlanTiers(const TierInput& in) {
     for (uint64_t slice = kDiskSliceBytes; slice >= kDiskMinSliceBytes; slice /= 2) {
       for (uint64_t cap : caps) {
         TierPlan trial = AllOnHost(in);
-        for (size_t c : order) {
-          if (host_fits(trial)) break;
-          if (!in.disk_aligned(c)) continue;
-          trial.grad_tier[c] = Tier::kDisk;
-          HostNeeds(in, slice, &trial);
-        }
-        for (size_t c : order) {
-          if (host_fits(trial)) break;
-          if (in.optimizer_bytes(c) > cap || !in.disk_aligned(c)) continue;
-          trial.optimizer_tier[c] = Tier::kDisk;
-          HostNeeds(in, slice, &trial);
+        const auto move_grads = [&] {
+          for (size_t c : order) {
+            if (host_fits(trial)) break;
+            if (!in.disk_aligned(c)) continue;
+            trial.grad_tier[c] = Tier::kDisk;
+            HostNeeds(in, slice, &trial);
+          }
+        };
+        const auto move_states = [&] {
+          for (size_t c : order) {
+            if (host_fits(trial)) break;
+            if (in.optimizer_bytes(c) > cap || !in.disk_aligned(c)) continue;
+            trial.optimizer_tier[c] = Tier::kDisk;
+            HostNeeds(in, slice, &trial);
+          }
+        };
+        if (grads_first) {
+          move_grads();
+          move_states();
+        } else {
+          move_states();
+          move_grads();
         }
         if (trial.host_bytes < least.host_bytes) least = trial;
         if (host_fits(trial) && (!found || ExposedDiskCost(in, trial) < ExposedDiskCost(in, best))) {

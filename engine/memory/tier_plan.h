@@ -11,9 +11,13 @@
 // weights in mixed precision) are used once a step, by the update, and the
 // gradients are written once (when their chunk's backward is complete) and
 // read once (by the update): they are what goes to disk when host memory is
-// short. Gradients go first: their write hides behind the rest of the
-// backward, so a byte of host memory freed costs half the exposed disk time
-// a byte of optimizer states does. On disk, a payload is read and written
+// short. Which goes first is priced: a byte of optimizer states on disk is
+// read and written by every update; a byte of gradients is written behind
+// the backward and read by the update -- half the exposed disk time -- but
+// with gradient accumulation (M micro-batches a step) it is written after
+// every micro-batch and read back by the next one's backward to add to, so
+// it costs 2M - 1 reads and writes the step waits for against the states'
+// two, and from M = 2 the states go first. On disk, a payload is read and written
 // through a few staging slots of host memory a slice of its chunk at a time
 // (while slice k is updated, slice k+1 is read and slice k-1 written), so
 // staging stays small however large the chunks are.
@@ -93,6 +97,9 @@ struct TierInput {
   uint64_t disk_limit_bytes = 0;
   std::string disk_dir;
   bool disk_limit_is_free_space = false;
+  // Micro-batches a step (train.grad_accum_steps): gradients on disk move
+  // this many times each way a step.
+  int micro_batches = 1;
 
   int optimizer_regions() const { return masters_with_optimizer ? 3 : 2; }
   int64_t host_numel(size_t c) const { return host_elements.empty() ? elements[c] : host_elements[c]; }
@@ -146,7 +153,8 @@ struct TierPlan {
   uint64_t disk_optimizer_bytes = 0;
   uint64_t disk_grad_bytes = 0;
   // Disk traffic of a step that updates every chunk on the host side: each
-  // file read once and written once.
+  // file of states read once and written once, each of gradients once per
+  // micro-batch.
   uint64_t disk_read_bytes_per_step = 0;
   uint64_t disk_write_bytes_per_step = 0;
   // Why it is infeasible: the numbers per tier and what to change.
@@ -157,7 +165,9 @@ struct TierPlan {
 };
 
 // Keeps everything on the host while the host limit allows; otherwise moves
-// gradients to disk, largest first, then optimizer states, choosing among
+// the payload whose disk traffic costs the least exposed time per byte of
+// host memory freed (gradients with one micro-batch, optimizer states with
+// more) to disk, largest chunk first, then the other, choosing among
 // slice sizes and caps on the size of a state on disk (both size the
 // staging slots) the plan that costs the least exposed disk traffic (bytes
 // the step waits for, and the requests they take). It is

@@ -114,6 +114,42 @@ TEST(TierPlanTest, GradientsGoToDiskBeforeOptimizerStates) {
   }
 }
 
+TEST(TierPlanTest, WithAccumulationOptimizerStatesGoToDiskBeforeGradients) {
+  // The eight chunks above (2 GiB on the host), a step of 8 micro-batches:
+  // a gradient on disk would be written and read back after every
+  // micro-batch (15 moves the step waits for against the states' 2), so
+  // the states go first: one chunk's 192 MiB frees enough at 1900 MiB.
+  TierInput in = Bf16(std::vector<int64_t>(8, 16 * kM), 1900 * kMiB, 1ull << 40);
+  in.micro_batches = 8;
+  TierPlan plan = PlanTiers(in);
+  ASSERT_TRUE(plan.feasible) << plan.problem;
+  EXPECT_EQ(plan.grad_chunks_on_disk(), 0);
+  EXPECT_EQ(plan.optimizer_chunks_on_disk(), 1);
+  EXPECT_EQ(plan.disk_read_bytes_per_step, 192 * kMiB);
+  EXPECT_EQ(plan.disk_write_bytes_per_step, 192 * kMiB);
+
+  // At 500 MiB every chunk's states (1536 MiB) are not enough: gradients
+  // follow, and each of them moves once a micro-batch.
+  in.host_limit_bytes = 500 * kMiB;
+  in.micro_batches = 4;
+  plan = PlanTiers(in);
+  ASSERT_TRUE(plan.feasible) << plan.problem;
+  EXPECT_EQ(plan.optimizer_chunks_on_disk(), 8);
+  EXPECT_GE(plan.grad_chunks_on_disk(), 1);
+  EXPECT_LT(plan.grad_chunks_on_disk(), 8);
+  EXPECT_EQ(plan.disk_grad_bytes, static_cast<uint64_t>(plan.grad_chunks_on_disk()) * 32 * kMiB);
+  EXPECT_EQ(plan.disk_read_bytes_per_step, plan.disk_optimizer_bytes + 4 * plan.disk_grad_bytes);
+  EXPECT_EQ(plan.disk_write_bytes_per_step, plan.disk_read_bytes_per_step);
+  EXPECT_LE(plan.host_bytes, in.host_limit_bytes);
+
+  // One micro-batch: gradients first, as before.
+  in.host_limit_bytes = 1900 * kMiB;
+  in.micro_batches = 1;
+  plan = PlanTiers(in);
+  EXPECT_EQ(plan.grad_chunks_on_disk(), 5);
+  EXPECT_EQ(plan.optimizer_chunks_on_disk(), 0);
+}
+
 TEST(TierPlanTest, StagingIsASliceOfAChunkHoweverLargeTheChunk) {
   // Two chunks of 80 M parameters (GPT-2 XL's embedding is one): 2.5 GiB of
   // model data. Everything goes to disk; the host keeps the weights and

@@ -665,6 +665,7 @@ absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   TierInput input = ChunkTierInput(layout->capacity, mixed);
   input.optimizer_elements = shard;
   if (options.shard == MemoryOptions::Shard::kFull) input.host_elements = shard;
+  input.micro_batches = static_cast<int>(std::clamp<uint32_t>(spec.train().grad_accum_steps(), 1, 1 << 20));
   // The model is built without its values, which are drawn into the
   // chunks a parameter at a time, in place; a tensor-parallel shard is
   // drawn whole in fp32 first (a shard's tensor across the group, at most).
