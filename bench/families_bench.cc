@@ -50,7 +50,7 @@
 #include "engine/device/device.h"
 #include "engine/model/model_config.h"
 #include "engine/train/generator.h"
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
 
 ABSL_FLAG(bool, quick, false, "Small presets (under three minutes).");
 ABSL_FLAG(int64_t, steps, 4, "Steps a training run, the warm-up included.");

@@ -37,12 +37,13 @@
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/gpt2_tokenizer.h"
 #include "engine/data/sentencepiece_tokenizer.h"
+#include "engine/model/gpt2_weights.h"
 #include "engine/data/token_file_writer.h"
 #include "engine/data/tokenizer_loader.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/data/token_file_source.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
 #include "engine/train/trainer.h"
 
 ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text files to tokenise.");

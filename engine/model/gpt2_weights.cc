@@ -147,4 +147,17 @@ absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const ModelConfig& 
   return absl::OkStatus();
 }
 
+std::map<std::string, std::string> Gpt2ConfigMetadata(const ModelConfig& model) {
+  return {{"model_type", "gpt2"},
+          {"n_layer", absl::StrCat(model.layers)},
+          {"n_embd", absl::StrCat(model.hidden)},
+          {"n_head", absl::StrCat(model.heads)},
+          {"n_positions", absl::StrCat(model.seq_len)},
+          {"n_ctx", absl::StrCat(model.seq_len)},
+          {"vocab_size", absl::StrCat(model.vocab_size)},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", "1e-05"},
+          {"tie_word_embeddings", "true"}};
+}
+
 }  // namespace ferry

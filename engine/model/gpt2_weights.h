@@ -21,6 +21,7 @@
 // -- which are passed over, and may prefix every name with "transformer.".
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,5 +65,9 @@ absl::StatusOr<ModelConfig> Gpt2ConfigFromWeights(const SafetensorsIndex& index,
 // or BF16, and the file holds no other weight: else INVALID_ARGUMENT naming
 // the tensor (and both shapes, for a shape that differs) and `what`.
 absl::Status CheckGpt2Weights(const SafetensorsIndex& index, const ModelConfig& config, const std::string& what);
+
+// GPT-2's configuration names for `model` (n_layer, n_embd, n_head,
+// n_positions, vocab_size, ...), for a safetensors file's metadata.
+std::map<std::string, std::string> Gpt2ConfigMetadata(const ModelConfig& model);
 
 }  // namespace ferry

@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/train/trainer.h"
+#include "engine/train/inference_model.h"
 
 namespace ferry {
 

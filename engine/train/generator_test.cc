@@ -12,7 +12,10 @@
 #include "engine/checkpoint/safetensors.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/train/gpt2_export.h"
+#include "engine/model/gpt2_weights.h"
+#include "engine/train/hf_export.h"
+#include "engine/train/inference_model.h"
+#include "engine/train/trainer.h"
 
 namespace ferry {
 namespace {

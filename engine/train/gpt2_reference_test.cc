@@ -31,7 +31,7 @@
 #include "engine/memory/simulated_device.h"
 #include "engine/model/model_config.h"
 #include "engine/parallel/communicator.h"
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
 #include "engine/train/trainer.h"
 
 namespace ferry {

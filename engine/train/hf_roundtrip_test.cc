@@ -20,8 +20,9 @@
 #include "engine/memory/simulated_device.h"
 #include "engine/model/gpt.h"
 #include "engine/model/hf_layout.h"
-#include "engine/train/gpt2_export.h"
-#include "engine/train/gpt2_import.h"
+#include "engine/train/hf_export.h"
+#include "engine/train/hf_import.h"
+#include "engine/train/restore.h"
 #include "engine/train/trainer.h"
 
 namespace ferry {

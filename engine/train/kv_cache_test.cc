@@ -16,7 +16,8 @@
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
 #include "engine/train/generator.h"
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
+#include "engine/train/inference_model.h"
 #include "engine/train/trainer.h"
 
 namespace ferry {

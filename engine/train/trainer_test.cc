@@ -11,6 +11,7 @@
 #include "engine/checkpoint/test_files.h"
 #include "engine/data/synthetic_source.h"
 #include "engine/memory/simulated_device.h"
+#include "engine/train/restore.h"
 
 namespace ferry {
 namespace {

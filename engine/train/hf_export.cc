@@ -1,4 +1,4 @@
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
 
 #include <ATen/ATen.h>
 
@@ -11,7 +11,7 @@
 #include "engine/common/torch_status.h"
 #include "engine/model/gpt.h"
 #include "engine/model/hf_layout.h"
-#include "engine/train/trainer.h"
+#include "engine/train/restore.h"
 
 namespace ferry {
 namespace {
@@ -36,9 +36,9 @@ absl::StatusOr<at::Tensor> Join(const ModelConfig& model, const std::string& nam
 
 }  // namespace
 
-absl::StatusOr<std::vector<SafetensorsTensor>> ExportHfWeights(
-    const ModelConfig& model, const TrainOptions& train, const MemoryOptions& memory,
-    const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device, int data_ranks) {
+absl::Status ExportHfWeights(const ModelConfig& model, const TrainOptions& train, const MemoryOptions& memory,
+                             const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device,
+                             int data_ranks, const HfTensorSink& sink) {
   if (world_ranks.empty() || data_ranks < 1 || world_ranks.size() % static_cast<size_t>(data_ranks) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("no checkpoint to export of each of ", data_ranks, " data ranks"));
   }
@@ -54,13 +54,13 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ExportHfWeights(
   // layer's rows split back into its projections.
   std::map<std::string, std::vector<HfTensor>> of_param;
   for (HfTensor& t : HfTensors(model)) of_param[t.param].push_back(std::move(t));
-  std::vector<SafetensorsTensor> out;
-  RETURN_IF_ERROR(CallTorch("exporting weights", [&]() -> absl::Status {
+  return CallTorch("exporting weights", [&]() -> absl::Status {
     for (size_t i = 0; i < restored[0].size(); ++i) {
-      const std::string& name = restored[0][i].first;
+      const std::string name = restored[0][i].first;
       std::vector<at::Tensor> parts;
-      for (const auto& rank : restored) parts.push_back(rank.at(i).second);
+      for (auto& rank : restored) parts.push_back(std::move(rank.at(i).second));
       ASSIGN_OR_RETURN(at::Tensor whole, Join(model, name, parts));
+      parts.clear();  // the parameter's values go as its tensors are written
       const auto tensors = of_param.find(name);
       if (tensors == of_param.end()) {
         return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", name, " is not a parameter of this model"));
@@ -70,30 +70,35 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ExportHfWeights(
         at::Tensor value = whole.narrow(0, hf.row_offset, rows);
         if (hf.transposed) value = value.t();
         value = value.to(at::kCPU, at::kFloat).contiguous();
-        SafetensorsTensor t;
-        t.name = hf.name;
-        t.dtype = "F32";
-        t.shape = value.sizes().vec();
-        t.data.assign(static_cast<const char*>(value.data_ptr()), static_cast<size_t>(value.nbytes()));
-        out.push_back(std::move(t));
+        RETURN_IF_ERROR(sink(hf.name, value.data_ptr(), static_cast<uint64_t>(value.nbytes())));
       }
     }
     return absl::OkStatus();
-  }));
+  });
+}
+
+absl::StatusOr<std::vector<SafetensorsTensor>> ExportHfWeights(
+    const ModelConfig& model, const TrainOptions& train, const MemoryOptions& memory,
+    const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device, int data_ranks) {
+  std::map<std::string, std::string> made;
+  RETURN_IF_ERROR(ExportHfWeights(model, train, memory, world_ranks, device, data_ranks,
+                                  [&](const std::string& name, const void* data, uint64_t bytes) {
+                                    made[name].assign(static_cast<const char*>(data), bytes);
+                                    return absl::OkStatus();
+                                  }));
+  std::vector<SafetensorsTensor> out;
+  for (const SafetensorsEntry& e : HfExportEntries(model)) {
+    auto it = made.find(e.name);
+    if (it == made.end()) return absl::InternalError(absl::StrCat("export: ", e.name, " was not made"));
+    out.push_back({e.name, e.dtype, e.shape, std::move(it->second)});
+  }
   return out;
 }
 
-std::map<std::string, std::string> Gpt2ConfigMetadata(const ModelConfig& model) {
-  return {{"model_type", "gpt2"},
-          {"n_layer", absl::StrCat(model.layers)},
-          {"n_embd", absl::StrCat(model.hidden)},
-          {"n_head", absl::StrCat(model.heads)},
-          {"n_positions", absl::StrCat(model.seq_len)},
-          {"n_ctx", absl::StrCat(model.seq_len)},
-          {"vocab_size", absl::StrCat(model.vocab_size)},
-          {"activation_function", "gelu_new"},
-          {"layer_norm_epsilon", "1e-05"},
-          {"tie_word_embeddings", "true"}};
+std::vector<SafetensorsEntry> HfExportEntries(const ModelConfig& model) {
+  std::vector<SafetensorsEntry> entries;
+  for (const HfTensor& t : HfTensors(model)) entries.push_back({t.name, "F32", t.shape});
+  return entries;
 }
 
 }  // namespace ferry

@@ -1,4 +1,4 @@
-#include "engine/train/gpt2_import.h"
+#include "engine/train/hf_import.h"
 
 #include <ATen/ATen.h>
 

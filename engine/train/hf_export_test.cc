@@ -2,7 +2,7 @@
 // them, values the model's parameters (transposed where GPT-2 keeps Conv1D
 // weights), from checkpoints of one rank and of tensor-parallel ranks.
 
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -25,6 +25,7 @@
 #include "engine/model/gpt.h"
 #include "engine/model/gpt2_weights.h"
 #include "engine/parallel/communicator.h"
+#include "engine/train/inference_model.h"
 #include "engine/train/trainer.h"
 
 namespace ferry {

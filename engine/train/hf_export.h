@@ -1,31 +1,15 @@
 #pragma once
 
-// A trained model's weights as Hugging Face's GPT-2 (transformers'
-// GPT2LMHeadModel / GPT2Model) names and lays them out, for a safetensors
-// file:
-//
-//   wte.weight               [vocab_size, hidden]
-//   wpe.weight               [seq_len, hidden]
-//   h.N.ln_1.weight, .bias   [hidden]
-//   h.N.attn.c_attn.weight   [hidden, 3 * hidden]   (columns: q, k, v; heads
-//   h.N.attn.c_attn.bias     [3 * hidden]            contiguous within each)
-//   h.N.attn.c_proj.weight   [hidden, hidden]
-//   h.N.attn.c_proj.bias     [hidden]
-//   h.N.ln_2.weight, .bias   [hidden]
-//   h.N.mlp.c_fc.weight      [hidden, 4 * hidden]
-//   h.N.mlp.c_fc.bias        [4 * hidden]
-//   h.N.mlp.c_proj.weight    [4 * hidden, hidden]
-//   h.N.mlp.c_proj.bias      [hidden]
-//   ln_f.weight, .bias       [hidden]
-//
-// GPT-2's c_attn, c_proj and c_fc are Conv1D layers, whose weights are
-// [in, out]: the transpose of the nn.Linear weights Ferry trains, so those
-// are transposed. Ferry's fused q/k/v rows already are GPT-2's order, so
-// nothing else is rearranged. The output layer is tied to wte (as in GPT-2)
-// and not written; nor are GPT-2's per-block causal-mask buffers
-// (h.N.attn.bias, h.N.attn.masked_bias), which are not weights. Values are
-// the fp32 master weights, whatever precision the job trained in.
+// A trained model's weights as its family's Hugging Face checkpoints name
+// and lay them out, for safetensors files: each family's layout lives in
+// one place, engine/model/hf_layout.h (GPT-2's in engine/model/gpt2_weights.h,
+// which hf_layout.h uses): a fused layer's rows are split back into their
+// projections, GPT-2's Conv1D weights transposed, a tied output layer not
+// written. Values are the fp32 master weights, whatever precision the job
+// trained in.
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,12 +38,22 @@ namespace ferry {
 // engine/model/hf_layout.h, the fused q/k/v and gate/up rows split back
 // into their projections), in the model's order. INVALID_ARGUMENT when a
 // checkpoint is of another model, precision or parallel layout.
+//
+// Each tensor goes to `sink` as it is made, as little-endian F32 values,
+// and is dropped before the next: beside the restored weights no more than
+// one tensor is held (a writer puts it straight into its file, at the
+// place HfExportEntries gives it).
+using HfTensorSink = std::function<absl::Status(const std::string& name, const void* data, uint64_t bytes)>;
+absl::Status ExportHfWeights(const ModelConfig& model, const TrainOptions& train, const MemoryOptions& memory,
+                             const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device,
+                             int data_ranks, const HfTensorSink& sink);
+// The same, every tensor collected (small models; tests).
 absl::StatusOr<std::vector<SafetensorsTensor>> ExportHfWeights(
     const ModelConfig& model, const TrainOptions& train, const MemoryOptions& memory,
     const std::vector<const CheckpointContents*>& world_ranks, MemoryDevice* device, int data_ranks = 1);
 
-// GPT-2's configuration names for `model` (n_layer, n_embd, n_head,
-// n_positions, vocab_size, ...), for the safetensors metadata.
-std::map<std::string, std::string> Gpt2ConfigMetadata(const ModelConfig& model);
+// The tensors ExportHfWeights makes for `model`: each one's name, dtype
+// (F32) and shape, in the family's order (HfTensors).
+std::vector<SafetensorsEntry> HfExportEntries(const ModelConfig& model);
 
 }  // namespace ferry
