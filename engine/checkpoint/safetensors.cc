@@ -57,48 +57,162 @@ std::string JsonString(const std::string& s) {
 
 }  // namespace
 
-absl::Status SerializeSafetensors(const std::vector<SafetensorsTensor>& tensors,
-                                  const std::map<std::string, std::string>& metadata, std::string* out) {
-  std::vector<std::string> entries;
+absl::StatusOr<std::string> SafetensorsHeader(std::vector<SafetensorsEntry>* entries,
+                                              const std::map<std::string, std::string>& metadata) {
+  std::vector<std::string> items;
   if (!metadata.empty()) {
     std::vector<std::string> kv;
     for (const auto& [k, v] : metadata) kv.push_back(absl::StrCat(JsonString(k), ":", JsonString(v)));
-    entries.push_back(absl::StrCat("\"__metadata__\":{", absl::StrJoin(kv, ","), "}"));
+    items.push_back(absl::StrCat("\"__metadata__\":{", absl::StrJoin(kv, ","), "}"));
   }
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const SafetensorsTensor& t : tensors) {
+  for (SafetensorsEntry& t : *entries) {
     const int64_t size = SafetensorsDtypeBytes(t.dtype);
     if (size == 0) return absl::InvalidArgumentError(absl::StrCat("safetensors: ", t.name, ": unknown dtype ", t.dtype));
     if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: bad or repeated tensor name '", t.name, "'"));
     }
-    int64_t count = 1;
     for (int64_t d : t.shape) {
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat("safetensors: ", t.name, ": negative dimension"));
-      count *= d;
     }
-    if (static_cast<uint64_t>(count * size) != t.data.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: ", t.name, ": ", t.data.size(),
-                                                     " bytes for ", count, " values of ", t.dtype));
-    }
-    entries.push_back(absl::StrCat(JsonString(t.name), ":{\"dtype\":\"", t.dtype, "\",\"shape\":[",
-                                   absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",",
-                                   offset + t.data.size(), "]}"));
-    offset += t.data.size();
+    t.bytes = static_cast<uint64_t>(t.numel() * size);
+    t.offset = offset;
+    items.push_back(absl::StrCat(JsonString(t.name), ":{\"dtype\":\"", t.dtype, "\",\"shape\":[",
+                                 absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",",
+                                 offset + t.bytes, "]}"));
+    offset += t.bytes;
   }
-  std::string header = absl::StrCat("{", absl::StrJoin(entries, ","), "}");
+  std::string header = absl::StrCat("{", absl::StrJoin(items, ","), "}");
   // Pad with spaces so that the data starts 8-byte aligned.
   while ((8 + header.size()) % 8 != 0) header += ' ';
-  out->clear();
-  out->reserve(8 + header.size() + offset);
+  std::string out;
   const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out->append(header);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out.append(header);
+  for (SafetensorsEntry& t : *entries) t.offset += out.size();
+  return out;
+}
+
+absl::Status SerializeSafetensors(const std::vector<SafetensorsTensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata, std::string* out) {
+  std::vector<SafetensorsEntry> entries;
+  for (const SafetensorsTensor& t : tensors) entries.push_back({t.name, t.dtype, t.shape});
+  absl::StatusOr<std::string> header = SafetensorsHeader(&entries, metadata);
+  if (!header.ok()) return header.status();
+  uint64_t data_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (entries[i].bytes != tensors[i].data.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: ", tensors[i].name, ": ", tensors[i].data.size(),
+                                                     " bytes for ", entries[i].numel(), " values of ",
+                                                     tensors[i].dtype));
+    }
+    data_bytes += entries[i].bytes;
+  }
+  out->clear();
+  out->reserve(header->size() + data_bytes);
+  out->append(*header);
   for (const SafetensorsTensor& t : tensors) out->append(t.data);
   return absl::OkStatus();
 }
 
+// --- Writing a tensor at a time. ---
+
+namespace {
+
+absl::Status WriteAt(int fd, const char* data, uint64_t bytes, uint64_t offset, const std::string& what) {
+  while (bytes > 0) {
+    const ssize_t n = pwrite(fd, data, std::min<uint64_t>(bytes, 1u << 30), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::FailedPreconditionError(absl::StrCat("cannot write ", what, ": ", std::strerror(errno)));
+    data += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFileWriter> SafetensorsFileWriter::Create(
+    const std::string& path, std::vector<SafetensorsEntry> entries, const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<std::string> header = SafetensorsHeader(&entries, metadata);
+  if (!header.ok()) return header.status();
+  uint64_t file_bytes = header->size();
+  for (const SafetensorsEntry& e : entries) file_bytes += e.bytes;
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+  SafetensorsFileWriter writer(fd, path, std::move(tmp), std::move(entries), file_bytes);
+  if (absl::Status s = WriteAt(fd, header->data(), header->size(), 0, writer.tmp_); !s.ok()) return s;
+  return writer;
+}
+
+SafetensorsFileWriter::SafetensorsFileWriter(SafetensorsFileWriter&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      path_(std::move(other.path_)),
+      tmp_(std::move(other.tmp_)),
+      entries_(std::move(other.entries_)),
+      written_(std::move(other.written_)),
+      file_bytes_(other.file_bytes_) {}
+
+SafetensorsFileWriter& SafetensorsFileWriter::operator=(SafetensorsFileWriter&& other) noexcept {
+  if (this != &other) {
+    Abandon();
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+    tmp_ = std::move(other.tmp_);
+    entries_ = std::move(other.entries_);
+    written_ = std::move(other.written_);
+    file_bytes_ = other.file_bytes_;
+  }
+  return *this;
+}
+
+SafetensorsFileWriter::~SafetensorsFileWriter() { Abandon(); }
+
+void SafetensorsFileWriter::Abandon() {
+  if (fd_ < 0) return;
+  close(fd_);
+  fd_ = -1;
+  unlink(tmp_.c_str());
+}
+
+absl::Status SafetensorsFileWriter::Write(const std::string& name, const void* data, uint64_t bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": the writer is closed"));
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const SafetensorsEntry& e = entries_[i];
+    if (e.name != name) continue;
+    if (written_[i]) return absl::InvalidArgumentError(absl::StrCat("safetensors: ", name, " written twice"));
+    if (bytes != e.bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: ", name, ": ", bytes, " bytes for ", e.numel(), " values of ", e.dtype));
+    }
+    if (absl::Status s = WriteAt(fd_, static_cast<const char*>(data), bytes, e.offset, tmp_); !s.ok()) return s;
+    written_[i] = true;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("safetensors: ", path_, " has no tensor ", name));
+}
+
+absl::Status SafetensorsFileWriter::Finish() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": the writer is closed"));
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!written_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat("safetensors: ", entries_[i].name, " was not written"));
+    }
+  }
+  const bool synced = fsync(fd_) == 0;
+  const int err = errno;
+  close(fd_);
+  fd_ = -1;
+  if (!synced || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int why = synced ? errno : err;
+    unlink(tmp_.c_str());
+    return absl::FailedPreconditionError(absl::StrCat("cannot write ", path_, ": ", std::strerror(why)));
+  }
+  return absl::OkStatus();
+}
 
 // --- Reading. ---
 

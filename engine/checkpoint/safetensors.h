@@ -72,6 +72,54 @@ constexpr uint64_t kMaxSafetensorsHeaderBytes = 100u << 20;
 absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view head, uint64_t file_bytes,
                                                        const std::string& what);
 
+// The header for tensors whose data follows in the order of `entries`
+// (name, dtype and shape each): the 8-byte length and the JSON, padded so
+// that the data starts 8-byte aligned. Fills each entry's offset (from the
+// start of the file) and bytes. INVALID_ARGUMENT for an unknown dtype, a
+// negative dimension, or a bad or repeated name.
+absl::StatusOr<std::string> SafetensorsHeader(std::vector<SafetensorsEntry>* entries,
+                                              const std::map<std::string, std::string>& metadata);
+
+// A safetensors file written a tensor at a time, so that no more than one
+// tensor need be held: the header first (every tensor's name, dtype and
+// shape are known before any value), then each tensor's bytes, in any order,
+// at their place. The file is written beside `path` and renamed to it by
+// Finish, once every tensor has been written and the data synced; dropped
+// unfinished, it is removed.
+class SafetensorsFileWriter {
+ public:
+  // FAILED_PRECONDITION when the file cannot be created; the header's
+  // errors as SafetensorsHeader's.
+  static absl::StatusOr<SafetensorsFileWriter> Create(const std::string& path, std::vector<SafetensorsEntry> entries,
+                                                      const std::map<std::string, std::string>& metadata);
+  SafetensorsFileWriter(SafetensorsFileWriter&& other) noexcept;
+  SafetensorsFileWriter& operator=(SafetensorsFileWriter&& other) noexcept;
+  ~SafetensorsFileWriter();
+
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // The file's size once written.
+  uint64_t file_bytes() const { return file_bytes_; }
+  // `name`'s data: exactly its bytes, once. INVALID_ARGUMENT for a tensor
+  // the file does not have, one written already, or the wrong size.
+  absl::Status Write(const std::string& name, const void* data, uint64_t bytes);
+  // FAILED_PRECONDITION naming the first tensor not written, or when the
+  // file cannot be synced or renamed.
+  absl::Status Finish();
+
+ private:
+  SafetensorsFileWriter(int fd, std::string path, std::string tmp, std::vector<SafetensorsEntry> entries,
+                        uint64_t file_bytes)
+      : fd_(fd), path_(std::move(path)), tmp_(std::move(tmp)), entries_(std::move(entries)),
+        written_(entries_.size(), false), file_bytes_(file_bytes) {}
+  void Abandon();
+  int fd_ = -1;
+  std::string path_;
+  std::string tmp_;
+  std::vector<SafetensorsEntry> entries_;
+  std::vector<bool> written_;
+  uint64_t file_bytes_ = 0;
+};
+
 // A safetensors file open for reading its tensors, one at a time.
 class SafetensorsReader {
  public:

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -114,6 +116,47 @@ TEST(SafetensorsTest, ReadsBackWhatWasWritten) {
   EXPECT_EQ(bias->bytes, 6u);
   EXPECT_EQ(index.Find("lm_head.weight"), nullptr);
   EXPECT_EQ(SafetensorsReader::Open(TestPath("absent.safetensors")).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Written a tensor at a time, in another order than the file's: the same
+// bytes as the whole file serialised at once.
+TEST(SafetensorsTest, AFileWrittenATensorAtATimeIsTheSameFile) {
+  const std::vector<SafetensorsTensor> tensors = {
+      {"wte.weight", "F32", {2, 3}, Floats({1, 2, 3, 4, 5, 6.5f})},
+      {"h.0.ln_1.bias", "F32", {3}, Floats({-1, 0, 1})},
+      {"empty", "F32", {0, 4}, ""},
+  };
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::string whole;
+  ASSERT_TRUE(SerializeSafetensors(tensors, metadata, &whole).ok());
+  std::vector<SafetensorsEntry> entries;
+  for (const SafetensorsTensor& t : tensors) entries.push_back({t.name, t.dtype, t.shape});
+  const std::string path = TestPath("streamed.safetensors");
+  {
+    absl::StatusOr<SafetensorsFileWriter> writer = SafetensorsFileWriter::Create(path, entries, metadata);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    EXPECT_EQ(writer->file_bytes(), whole.size());
+    ASSERT_TRUE(writer->Write("h.0.ln_1.bias", tensors[1].data.data(), tensors[1].data.size()).ok());
+    EXPECT_EQ(writer->Write("h.0.ln_1.bias", tensors[1].data.data(), tensors[1].data.size()).code(),
+              absl::StatusCode::kInvalidArgument)
+        << "twice";
+    EXPECT_EQ(writer->Write("wte.weight", tensors[0].data.data(), 4).code(), absl::StatusCode::kInvalidArgument)
+        << "short";
+    EXPECT_EQ(writer->Write("lm_head.weight", "", 0).code(), absl::StatusCode::kInvalidArgument) << "not in it";
+    const absl::Status unfinished = writer->Finish();
+    EXPECT_EQ(unfinished.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(unfinished.message().find("wte.weight was not written"), std::string::npos) << unfinished;
+  }
+  EXPECT_FALSE(std::ifstream(path).good()) << "nothing is left of an unfinished file";
+  absl::StatusOr<SafetensorsFileWriter> writer = SafetensorsFileWriter::Create(path, entries, metadata);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (int i : {2, 1, 0}) {
+    ASSERT_TRUE(writer->Write(tensors[i].name, tensors[i].data.data(), tensors[i].data.size()).ok()) << i;
+  }
+  ASSERT_TRUE(writer->Finish().ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(written, whole);
 }
 
 TEST(SafetensorsTest, ATruncatedFileIsRefusedWithTheNumbers) {

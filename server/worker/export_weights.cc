@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/checkpoint/model_files.h"
 #include "engine/data/token_file.h"
+#include "engine/model/gpt2_weights.h"
 #include "engine/model/hf_layout.h"
 #include "nlohmann/json.hpp"
 #include "engine/checkpoint/checkpoint_store.h"
@@ -25,12 +27,12 @@
 #include "engine/common/safe_path.h"
 #include "engine/common/status_macros.h"
 #include "engine/memory/simulated_device.h"
-#include "engine/train/gpt2_export.h"
+#include "engine/train/hf_export.h"
 #include "server/common/files.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
 #include "server/spec/spec_validator.h"
-#include "server/worker/training_fingerprint.h"
+#include "server/worker/job_setup.h"
 #include "server/worker/worker.h"
 
 namespace ferry {
@@ -57,9 +59,12 @@ absl::StatusOr<std::string> ReadConfined(const AllowedRoots& roots, const std::s
 // end-of-sequence tokens where known (the model folder the job started
 // from says them), and the files of the tokenizer the job's data was made
 // with. Written into a fresh directory beside `dir`, then renamed to it.
+// The weights come from `export_to`, which hands each tensor to the sink it
+// is given as it is produced; they are written straight into their shard.
 absl::Status WriteModelFolder(std::string dir, const ferry::v1::JobSpec& spec, const ModelConfig& model,
-                              const std::vector<SafetensorsTensor>& tensors,
+                              const std::vector<SafetensorsEntry>& tensors,
                               const std::map<std::string, std::string>& metadata, const AllowedRoots& roots,
+                              const std::function<absl::Status(const HfTensorSink&)>& export_to,
                               ExportSummary* summary) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   struct stat st;
@@ -78,30 +83,39 @@ absl::Status WriteModelFolder(std::string dir, const ferry::v1::JobSpec& spec, c
     return WriteFileAtomically(tmp + "/" + name, bytes);
   };
   // Shards in the model's order, each as large as it may be.
-  std::vector<std::vector<const SafetensorsTensor*>> shards(1);
+  std::vector<std::vector<SafetensorsEntry>> shards(1);
   uint64_t in_shard = 0, total = 0;
-  for (const SafetensorsTensor& t : tensors) {
-    if (in_shard > 0 && in_shard + t.data.size() > kExportShardBytes) {
+  for (const SafetensorsEntry& t : tensors) {
+    if (in_shard > 0 && in_shard + t.bytes > kExportShardBytes) {
       shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back(&t);
-    in_shard += t.data.size();
-    total += t.data.size();
+    shards.back().push_back(t);
+    in_shard += t.bytes;
+    total += t.bytes;
   }
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  std::vector<SafetensorsFileWriter> writers;
+  std::map<std::string, SafetensorsFileWriter*> writer_of;
+  writers.reserve(shards.size());
   for (size_t k = 0; k < shards.size(); ++k) {
     const std::string name = shards.size() == 1 ? "model.safetensors"
                                                 : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1,
                                                                   shards.size());
-    std::vector<SafetensorsTensor> part;
-    for (const SafetensorsTensor* t : shards[k]) {
-      part.push_back(*t);
-      weight_map[t->name] = name;
-    }
-    std::string bytes;
-    RETURN_IF_ERROR(SerializeSafetensors(part, metadata, &bytes));
-    RETURN_IF_ERROR(write(name, bytes));
+    for (const SafetensorsEntry& t : shards[k]) weight_map[t.name] = name;
+    ASSIGN_OR_RETURN(SafetensorsFileWriter writer, SafetensorsFileWriter::Create(tmp + "/" + name, shards[k], metadata));
+    writers.push_back(std::move(writer));
+    for (const SafetensorsEntry& t : shards[k]) writer_of[t.name] = &writers.back();
+  }
+  RETURN_IF_ERROR(export_to([&](const std::string& name, const void* data, uint64_t bytes) -> absl::Status {
+    const auto w = writer_of.find(name);
+    if (w == writer_of.end()) return absl::InternalError(absl::StrCat("export: no file for ", name));
+    return w->second->Write(name, data, bytes);
+  }));
+  for (SafetensorsFileWriter& w : writers) {
+    RETURN_IF_ERROR(w.Finish());
+    summary->bytes += w.file_bytes();
+    ++summary->files;
   }
   if (shards.size() > 1) {
     nlohmann::ordered_json index;
@@ -154,96 +168,23 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
                                             const std::string& allowed_roots) {
   absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(allowed_roots);
   if (!roots.ok()) return absl::InvalidArgumentError(absl::StrCat("--allowed_roots: ", roots.status().message()));
-  ASSIGN_OR_RETURN(ferry::v1::JobSpec parsed, LoadJobFile(spec_path));
-  ASSIGN_OR_RETURN(ferry::v1::JobSpec spec, WithDefaults(parsed));
-  MachineFacts machine;
-  machine.check_files = false;  // the data is not read
-  RETURN_IF_ERROR(ValidateSpec(spec, machine));
-  const ferry::v1::CheckpointSpec& checkpoint = spec.checkpoint();
-  if (checkpoint.dir().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: job '", spec.name(), "' keeps no checkpoints, so there are no weights to export; set "
-        "checkpoint.dir (and checkpoint.every_steps) in its job file and train it"));
-  }
+  ASSIGN_OR_RETURN(ferry::v1::JobSpec spec, LoadCheckedJobFile(spec_path));
+  // The chunks are restored once and read out, not trained.
+  const JobEngineSetup setup = SetUpJobEngine(spec, EngineUse::kRead);
   // Tensor rank t of data rank d is world rank d * tensor + t: one
   // checkpoint per tensor rank, all of one step, of data rank 0 alone
   // unless the job shards its chunks across its data ranks (each then holds
   // its own shard of the masters, joined here).
   const int tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
-  MemoryOptions memory = ToMemoryOptions(spec);
-  const int data = memory.shard != MemoryOptions::Shard::kNone ? static_cast<int>(spec.parallel().data()) : 1;
-  const int world = tensor * data;
-  const std::string fingerprint = TrainingFingerprint(spec);
-  // Under allowed roots each rank's directory is opened beneath its root
-  // without following links, and read through that descriptor.
-  std::vector<std::shared_ptr<UniqueFd>> root_fds(static_cast<size_t>(world));
-  if (roots->confined()) {
-    for (int r = 0; r < world; ++r) {
-      const std::string root = absl::StrCat(checkpoint.dir(), "/rank", r);
-      absl::StatusOr<UniqueFd> fd = OpenConfinedDir(*roots, "checkpoint.dir", root, /*create=*/false);
-      if (absl::IsNotFound(fd.status())) continue;  // no checkpoint yet: said below
-      if (!fd.ok()) return fd.status();
-      root_fds[static_cast<size_t>(r)] = std::make_shared<UniqueFd>(*std::move(fd));
-    }
-  }
-  auto load_latest = [&](int r, const std::string& root) -> absl::StatusOr<LoadedCheckpoint> {
-    if (!roots->confined()) return LoadLatestCheckpoint(root);
-    const std::shared_ptr<UniqueFd>& fd = root_fds[static_cast<size_t>(r)];
-    if (fd == nullptr) return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", root));
-    return LoadLatestCheckpointIn(fd->get(), root);
-  };
-  auto load_at = [&](int r, const std::string& root, int64_t at) -> absl::StatusOr<LoadedCheckpoint> {
-    if (!roots->confined()) return LoadCheckpointAt(root, at);
-    const std::shared_ptr<UniqueFd>& fd = root_fds[static_cast<size_t>(r)];
-    if (fd == nullptr) return absl::NotFoundError(absl::StrCat("no checkpoint of step ", at, " in ", root));
-    return LoadCheckpointIn(fd->get(), root, at);
-  };
-  std::vector<LoadedCheckpoint> ranks;
-  int64_t step = -1;
-  for (int r = 0; r < world; ++r) {
-    const std::string root = absl::StrCat(checkpoint.dir(), "/rank", r);
-    absl::StatusOr<LoadedCheckpoint> loaded = load_latest(r, root);
-    if (absl::IsNotFound(loaded.status())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir: no checkpoint yet (", loaded.status().message(), "); the job writes one every ",
-          checkpoint.every_steps(), " steps (checkpoint.every_steps) and after its last; export after that"));
-    }
-    if (!loaded.ok()) return loaded.status();
-    if (loaded->contents.meta["training"] != fingerprint) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir: ", root, " holds a checkpoint of another training (the model, data, train or ",
-          "parallel settings differ from this job's)"));
-    }
-    step = r == 0 ? loaded->contents.step : std::min(step, loaded->contents.step);
-    ranks.push_back(*std::move(loaded));
-  }
-  // A rank that has written a newer step than another (training goes on):
-  // take the newest step every rank has.
-  for (int r = 0; r < world; ++r) {
-    LoadedCheckpoint& c = ranks[static_cast<size_t>(r)];
-    if (c.contents.step == step) continue;
-    absl::StatusOr<LoadedCheckpoint> older = load_at(r, absl::StrCat(checkpoint.dir(), "/rank", r), step);
-    if (!older.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir: the ranks' newest checkpoints are of different steps and rank ", r,
-          " has no usable one of step ", step, " (", older.status().message(), "); export again after the next ",
-          "checkpoint"));
-    }
-    c = *std::move(older);
-  }
+  const int data =
+      setup.memory.shard != MemoryOptions::Shard::kNone ? static_cast<int>(spec.parallel().data()) : 1;
+  ASSIGN_OR_RETURN(std::vector<LoadedCheckpoint> ranks, LoadJobCheckpoints(spec, *roots, tensor * data, "export"));
+  const int64_t step = ranks[0].contents.step;
   std::vector<const CheckpointContents*> contents;
   for (const LoadedCheckpoint& c : ranks) contents.push_back(&c.contents);
   // Nothing goes onto the device: the chunks' host copies hold the values.
   SimulatedDevice device(uint64_t{1} << 30);
-  const ModelConfig model = ToModelConfig(spec.model());
-  // The chunks are restored once and read out, not trained: no host budget
-  // to plan within and no disk tier (whose files would land in the user's
-  // memory.disk_dir itself, outside any job's directory).
-  memory.host_budget_bytes = 0;
-  memory.disk_dir.clear();
-  memory.disk_budget_bytes = 0;
-  ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> tensors,
-                   ExportHfWeights(model, ToTrainOptions(spec.train()), memory, contents, &device, data));
+  const ModelConfig& model = setup.model;
   std::map<std::string, std::string> metadata;
   if (model.model_type == "gpt2") metadata = Gpt2ConfigMetadata(model);
   metadata["model_type"] = model.model_type;
@@ -251,17 +192,25 @@ absl::StatusOr<ExportSummary> ExportWeights(const std::string& spec_path, const 
   metadata["step"] = absl::StrCat(step);
   metadata["job"] = spec.name();
   metadata["source"] = "ferry";
+  // Each tensor goes into its file as it is produced: no more than one is
+  // held beside the restored chunks.
+  const std::vector<SafetensorsEntry> tensors = HfExportEntries(model);
+  auto export_to = [&](const HfTensorSink& sink) {
+    return ExportHfWeights(model, setup.train, setup.memory, contents, &device, data, sink);
+  };
   ExportSummary summary;
   summary.step = step;
   summary.tensors = static_cast<int>(tensors.size());
   if (IsFolderExport(out_path)) {
-    RETURN_IF_ERROR(WriteModelFolder(out_path, spec, model, tensors, metadata, *roots, &summary));
+    RETURN_IF_ERROR(WriteModelFolder(out_path, spec, model, tensors, metadata, *roots, export_to, &summary));
     return summary;
   }
-  std::string bytes;
-  RETURN_IF_ERROR(SerializeSafetensors(tensors, metadata, &bytes));
-  RETURN_IF_ERROR(WriteFileAtomically(out_path, bytes));
-  summary.bytes = bytes.size();
+  ASSIGN_OR_RETURN(SafetensorsFileWriter writer, SafetensorsFileWriter::Create(out_path, tensors, metadata));
+  RETURN_IF_ERROR(export_to([&](const std::string& name, const void* data, uint64_t bytes) {
+    return writer.Write(name, data, bytes);
+  }));
+  RETURN_IF_ERROR(writer.Finish());
+  summary.bytes = writer.file_bytes();
   summary.files = 1;
   return summary;
 }

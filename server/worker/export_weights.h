@@ -1,7 +1,7 @@
 #pragma once
 
 // ferry-worker --export=OUT --spec=JOB: the job's latest weights in its
-// family's Hugging Face layout (engine/train/gpt2_export.h), from the newest
+// family's Hugging Face layout (engine/train/hf_export.h), from the newest
 // checkpoint under its checkpoint.dir that verifies: one safetensors file
 // (OUT ending in .safetensors), or a model folder that Hugging Face's
 // from_pretrained loads (config.json, the weights in shards of at most 5 GB

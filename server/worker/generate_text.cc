@@ -31,7 +31,7 @@
 #include "ferry/internal/worker.pb.h"
 #include "server/worker/frame.h"
 #include "server/worker/generate_request.h"
-#include "server/worker/training_fingerprint.h"
+#include "server/worker/job_setup.h"
 #include "server/worker/worker.h"
 
 namespace ferry {
@@ -60,56 +60,20 @@ struct LoadedModel {
 };
 
 absl::Status LoadFromJob(const GenerateTextOptions& options, const AllowedRoots& roots, LoadedModel* out) {
-  ASSIGN_OR_RETURN(ferry::v1::JobSpec parsed, LoadJobFile(options.spec_path));
-  ASSIGN_OR_RETURN(ferry::v1::JobSpec spec, WithDefaults(parsed));
-  MachineFacts machine;
-  machine.check_files = false;
-  RETURN_IF_ERROR(ValidateSpec(spec, machine));
-  const ferry::v1::CheckpointSpec& checkpoint = spec.checkpoint();
-  if (checkpoint.dir().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: job '", spec.name(), "' keeps no checkpoints, so there is no model to generate with; set "
-        "checkpoint.dir (and checkpoint.every_steps) in its job file and train it"));
-  }
+  ASSIGN_OR_RETURN(ferry::v1::JobSpec spec, LoadCheckedJobFile(options.spec_path));
   if (spec.parallel().tensor() > 1) {
     return absl::FailedPreconditionError(
         "parallel.tensor: generating from a tensor-parallel job's checkpoints is not supported; export its weights "
         "(ferry export JOB FILE.safetensors) and generate from the file (ferry generate --weights=FILE.safetensors)");
   }
-  const std::string root = absl::StrCat(checkpoint.dir(), "/rank0");
-  absl::StatusOr<LoadedCheckpoint> loaded = absl::NotFoundError(absl::StrCat("no usable checkpoint in ", root));
-  if (roots.confined()) {
-    absl::StatusOr<UniqueFd> fd = OpenConfinedDir(roots, "checkpoint.dir", root, /*create=*/false);
-    if (fd.ok()) {
-      loaded = LoadLatestCheckpointIn(fd->get(), root);
-    } else if (!absl::IsNotFound(fd.status())) {
-      return fd.status();
-    }
-  } else {
-    loaded = LoadLatestCheckpoint(root);
-  }
-  if (absl::IsNotFound(loaded.status())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: no checkpoint yet (", loaded.status().message(), "); the job writes one every ",
-        checkpoint.every_steps(), " steps (checkpoint.every_steps) and after its last; generate after that"));
-  }
-  if (!loaded.ok()) return loaded.status();
-  if (loaded->contents.meta["training"] != TrainingFingerprint(spec)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: ", root, " holds a checkpoint of another training (the model, data, train or ",
-        "parallel settings differ from this job's)"));
-  }
-  out->step = loaded->contents.step;
+  ASSIGN_OR_RETURN(std::vector<LoadedCheckpoint> loaded, LoadJobCheckpoints(spec, roots, 1, "generate"));
+  out->step = loaded[0].contents.step;
   ASSIGN_OR_RETURN(out->device, MakeMemoryDevice(options.device == "auto" ? "cpu" : options.device,
                                                  spec.memory().device_budget()));
-  // Read, not trained: no host budget to plan within and no disk tier.
-  MemoryOptions memory = ToMemoryOptions(spec);
-  memory.host_budget_bytes = 0;
-  memory.disk_dir.clear();
-  memory.disk_budget_bytes = 0;
+  const JobEngineSetup setup = SetUpJobEngine(spec, EngineUse::kRead);
   ASSIGN_OR_RETURN(out->model,
-                   RestoreInferenceModel(ToModelConfig(spec.model()), ToTrainOptions(spec.train()), memory,
-                                         loaded->contents, out->device.get(), std::max<int>(1, spec.parallel().data())));
+                   RestoreInferenceModel(setup.model, setup.train, setup.memory, loaded[0].contents,
+                                         out->device.get(), std::max<int>(1, spec.parallel().data())));
   // The tokenizer the token file's header records; none for synthetic
   // data or a flat file.
   if (!spec.data().has_synthetic() && !spec.data().path().empty()) {

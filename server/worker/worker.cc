@@ -36,6 +36,7 @@
 #include "server/common/proto_time.h"
 #include "server/worker/disk_tier_dir.h"
 #include "server/worker/frame.h"
+#include "server/worker/job_setup.h"
 #include "server/worker/training_fingerprint.h"
 
 namespace ferry {
@@ -482,23 +483,12 @@ int RunWorker(const WorkerOptions& options) {
   engine.device = device->get();
   engine.init_from = spec->model().init_from();
   engine.eval_data = sources->eval.get();
-  engine.memory = ToMemoryOptions(*spec);
-  // The budgets the daemon checked the job against, its defaults filled in
-  // the same way, and this rank's directory for the disk tier.
-  engine.memory->host_budget_bytes = RankHostBudgetBytes(*spec, machine);
-  engine.memory->disk_dir = disk_dir;
-  engine.memory->disk_direct_io = true;
-  engine.memory->disk_budget_bytes = 0;
-  if (!disk_dir.empty()) {
-    if (spec->memory().disk_budget() > 0) {
-      engine.memory->disk_budget_bytes = spec->memory().disk_budget();
-    } else if (absl::StatusOr<DiskFacts> facts = machine.disk(disk_dir); facts.ok()) {
-      engine.memory->disk_budget_bytes = RankDiskBudgetBytes(*spec, machine, facts->free_bytes);
-    } else {
-      reporter.OnLog(LogLevel::kWarning, absl::StrCat("disk tier: off, its free space is unknown: ",
-                                                      facts.status().message()));
-    }
-  }
+  // The budgets the daemon checked the job against, their defaults filled
+  // in the same way, and this rank's directory for the disk tier.
+  std::string disk_warning;
+  const JobEngineSetup setup = SetUpJobEngine(*spec, EngineUse::kTrain, machine, disk_dir, &disk_warning);
+  engine.memory = setup.memory;
+  if (!disk_warning.empty()) reporter.OnLog(LogLevel::kWarning, disk_warning);
   ParallelGroups groups;
   if (launched) {
     const std::chrono::seconds timeout(options.collective_timeout_seconds);
@@ -634,8 +624,7 @@ int RunWorker(const WorkerOptions& options) {
       return fail ? CheckpointFailure(previous) : absl::OkStatus();
     };
   }
-  Trainer trainer(ToModelConfig(spec->model()), ToTrainOptions(spec->train()), engine, std::move(sources->train),
-                  &reporter);
+  Trainer trainer(setup.model, setup.train, engine, std::move(sources->train), &reporter);
   absl::Status status = trainer.Run();
   // Ranks leave together: none closes its connections while a peer's last
   // messages are in flight.
