@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/common/safe_path.h"
+#include "engine/memory/placement_plan.h"
 #include "engine/memory/tier_plan.h"
 #include "ferry/v1/spec.pb.h"
 
@@ -97,6 +98,16 @@ uint64_t TrainingStateBytes(const ferry::v1::ModelSpec& model);
 // values as built (4 bytes a parameter). For a spec that has been through
 // WithDefaults and whose model and parallel fields are valid.
 absl::StatusOr<TierInput> RankTierInput(const ferry::v1::JobSpec& spec);
+
+// What the device plan is given for one rank of the job before any step,
+// with no activations at all (non_model_bytes all 0) and `limit_bytes` the
+// device may fill: the same chunks, each period's (a stage's forward or
+// backward) and their bytes of parameters and gradients on the device. The
+// plan with every chunk streamed is the least any step needs: a period's
+// chunks' weights and the gradients being accumulated then (a tied
+// embedding's from the head's backward to the embeddings'). For a spec as
+// RankTierInput's.
+absl::StatusOr<PlanInput> RankDevicePlanInput(const ferry::v1::JobSpec& spec, uint64_t limit_bytes);
 
 // Host memory one rank may use for model data (MemoryOptions
 // .host_budget_bytes): memory.host_budget when set; else three quarters of

@@ -384,6 +384,41 @@ TEST(SpecValidatorTest, TheLlamaFineTuningExampleIsAValidJob) {
   machine.device_is_host_memory = true;
   machine.check_files = false;  // no weights here; the folder's check has its own test
   EXPECT_TRUE(ValidateSpec(*spec, machine).ok()) << ValidateSpec(*spec, machine);
+
+  // At 1 GiB its step cannot run: the tied embedding (128256 x 2048, 501 MiB
+  // in bf16) is a chunk of its own, and the head's backward needs its
+  // weights and their gradient on the device at once. Said at submit, not
+  // after the model is built.
+  spec->mutable_memory()->set_device_budget(1 * kGiB);
+  const absl::Status small = ValidateSpec(*spec, machine);
+  EXPECT_EQ(small.code(), absl::StatusCode::kFailedPrecondition) << small;
+  for (const char* part : {"memory.device_budget: the step cannot fit the device's 1.00 GiB",
+                           "the backward of the head needs 1002", "raise memory.device_budget to well above 1.03 GiB"}) {
+    EXPECT_NE(small.message().find(part), std::string::npos) << part << " not in " << small;
+  }
+}
+
+// The device's least need, every chunk streamed and no activations: a
+// period's chunks' weights and the gradients being accumulated then.
+TEST(SpecValidatorTest, RankDevicePlanInputHasEachStagesChunks) {
+  const JobSpec spec = Resolved("data: {synthetic: {}}\nmodel: {preset: qwen2-tiny}\ntrain: {precision: bf16}");
+  absl::StatusOr<PlanInput> in = RankDevicePlanInput(spec, 1 * kGiB);
+  ASSERT_TRUE(in.ok()) << in.status();
+  const int stages = static_cast<int>(spec.model().layers()) + 2;
+  ASSERT_EQ(in->forward_periods, stages);
+  ASSERT_EQ(in->period_chunks.size(), static_cast<size_t>(2 * stages + 1));
+  EXPECT_TRUE(in->period_chunks.back().empty()) << "the optimizer computes with no weights on the device";
+  // Tied: the head's periods include the embedding's chunk.
+  const int embedding = in->period_chunks[0][0];
+  for (int period : {stages - 1, stages}) {
+    const std::vector<int>& head = in->period_chunks[static_cast<size_t>(period)];
+    EXPECT_NE(std::find(head.begin(), head.end(), embedding), head.end()) << period;
+  }
+  uint64_t weights = 0;
+  for (uint64_t b : in->param_bytes) weights += b;
+  EXPECT_EQ(weights % 2, 0u);
+  EXPECT_GE(weights, 2 * static_cast<uint64_t>(ToModelConfig(spec.model()).ParameterCount())) << "bf16 weights";
+  EXPECT_TRUE(EvaluatePlan(*in, std::vector<ChunkClass>(in->param_bytes.size(), ChunkClass::kStreamed)).feasible);
 }
 
 // examples/gpt2-xl-no-gpu.yaml says it needs about 16 GiB of memory and
