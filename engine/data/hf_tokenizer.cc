@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
@@ -514,20 +515,32 @@ namespace {
 
 using Impl = HfTokenizer::Impl;
 
-absl::Status ReadNormalizer(const Fields& f, const json& n, const std::string& field, Impl* impl, int depth = 0) {
+// The type of a step of a component that nests (normalizer, pre-tokenizer,
+// decoder, post-processor) into *type, refused deeper than kMaxDepth. A
+// Sequence has each of its steps (the list `steps`, e.g. "normalizers")
+// read by `read` one level deeper; *type is then "Sequence" and nothing is
+// left to read.
+using ReadStep = std::function<absl::Status(const json& step, const std::string& field, int depth)>;
+absl::Status ReadStepType(const Fields& f, const json& node, const std::string& field, const char* steps, int depth,
+                          const ReadStep& read, std::string* type) {
   if (depth > kMaxDepth) return f.Error(field, absl::StrCat("nests Sequences deeper than ", kMaxDepth));
+  if (absl::Status s = f.Type(node, field, type); !s.ok()) return s;
+  if (*type != "Sequence") return absl::OkStatus();
+  const json* list = Fields::Find(node, steps);
+  if (list == nullptr || !list->is_array()) return f.Error(absl::StrCat(field, ".", steps), "must be a list");
+  for (size_t i = 0; i < list->size(); ++i) {
+    if (absl::Status s = read((*list)[i], absl::StrCat(field, ".", steps, "[", i, "]"), depth + 1); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadNormalizer(const Fields& f, const json& n, const std::string& field, Impl* impl, int depth = 0) {
   std::string type;
-  if (absl::Status s = f.Type(n, field, &type); !s.ok()) return s;
-  if (type == "Sequence") {
-    const json* list = Fields::Find(n, "normalizers");
-    if (list == nullptr || !list->is_array()) return f.Error(field + ".normalizers", "must be a list");
-    for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s = ReadNormalizer(f, (*list)[i], absl::StrCat(field, ".normalizers[", i, "]"), impl, depth + 1);
-          !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
+  const ReadStep read = [&](const json& step, const std::string& at, int deeper) {
+    return ReadNormalizer(f, step, at, impl, deeper);
+  };
+  if (absl::Status s = ReadStepType(f, n, field, "normalizers", depth, read, &type); !s.ok() || type == "Sequence") {
+    return s;
   }
   Impl::NormalizerStep step;
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
@@ -560,20 +573,12 @@ absl::Status ReadNormalizer(const Fields& f, const json& n, const std::string& f
 }
 
 absl::Status ReadPreTokenizer(const Fields& f, const json& p, const std::string& field, Impl* impl, int depth = 0) {
-  if (depth > kMaxDepth) return f.Error(field, absl::StrCat("nests Sequences deeper than ", kMaxDepth));
   std::string type;
-  if (absl::Status s = f.Type(p, field, &type); !s.ok()) return s;
-  if (type == "Sequence") {
-    const json* list = Fields::Find(p, "pretokenizers");
-    if (list == nullptr || !list->is_array()) return f.Error(field + ".pretokenizers", "must be a list");
-    for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s =
-              ReadPreTokenizer(f, (*list)[i], absl::StrCat(field, ".pretokenizers[", i, "]"), impl, depth + 1);
-          !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
+  const ReadStep read = [&](const json& step, const std::string& at, int deeper) {
+    return ReadPreTokenizer(f, step, at, impl, deeper);
+  };
+  if (absl::Status s = ReadStepType(f, p, field, "pretokenizers", depth, read, &type); !s.ok() || type == "Sequence") {
+    return s;
   }
   if (!impl->pre_tokenizer.empty() && impl->pre_tokenizer.back().kind == Impl::PreTokenizerStep::kByteLevel) {
     return f.Error(field, "follows a ByteLevel pre-tokenizer; Ferry supports ByteLevel only as the last one");
@@ -615,19 +620,12 @@ absl::Status ReadPreTokenizer(const Fields& f, const json& p, const std::string&
 }
 
 absl::Status ReadDecoder(const Fields& f, const json& d, const std::string& field, Impl* impl, int depth = 0) {
-  if (depth > kMaxDepth) return f.Error(field, absl::StrCat("nests Sequences deeper than ", kMaxDepth));
   std::string type;
-  if (absl::Status s = f.Type(d, field, &type); !s.ok()) return s;
-  if (type == "Sequence") {
-    const json* list = Fields::Find(d, "decoders");
-    if (list == nullptr || !list->is_array()) return f.Error(field + ".decoders", "must be a list");
-    for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s = ReadDecoder(f, (*list)[i], absl::StrCat(field, ".decoders[", i, "]"), impl, depth + 1);
-          !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
+  const ReadStep read = [&](const json& step, const std::string& at, int deeper) {
+    return ReadDecoder(f, step, at, impl, deeper);
+  };
+  if (absl::Status s = ReadStepType(f, d, field, "decoders", depth, read, &type); !s.ok() || type == "Sequence") {
+    return s;
   }
   Impl::DecoderStep step;
   if (type == "ByteLevel") {
@@ -665,20 +663,12 @@ absl::Status ReadDecoder(const Fields& f, const json& d, const std::string& fiel
 absl::Status ReadPostProcessor(const Fields& f, const json& p, const std::string& field, const HfTokenizer& t,
                                bool* have_template, std::vector<uint32_t>* prefix, std::vector<uint32_t>* suffix,
                                int depth = 0) {
-  if (depth > kMaxDepth) return f.Error(field, absl::StrCat("nests Sequences deeper than ", kMaxDepth));
   std::string type;
-  if (absl::Status s = f.Type(p, field, &type); !s.ok()) return s;
-  if (type == "Sequence") {
-    const json* list = Fields::Find(p, "processors");
-    if (list == nullptr || !list->is_array()) return f.Error(field + ".processors", "must be a list");
-    for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s = ReadPostProcessor(f, (*list)[i], absl::StrCat(field, ".processors[", i, "]"), t,
-                                             have_template, prefix, suffix, depth + 1);
-          !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
+  const ReadStep read = [&](const json& step, const std::string& at, int deeper) {
+    return ReadPostProcessor(f, step, at, t, have_template, prefix, suffix, deeper);
+  };
+  if (absl::Status s = ReadStepType(f, p, field, "processors", depth, read, &type); !s.ok() || type == "Sequence") {
+    return s;
   }
   if (type == "ByteLevel") return absl::OkStatus();  // offsets only
   if (type != "TemplateProcessing") {
