@@ -257,4 +257,16 @@ absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
                                           absl::StrJoin(ModelPresetNames(), ", ")));
 }
 
+std::vector<std::vector<int>> ModelStageParameters(const ModelConfig& config,
+                                                   const std::vector<ParameterShape>& shapes) {
+  std::vector<std::vector<int>> stages(static_cast<size_t>(std::max<int64_t>(config.layers, 0) + 2));
+  int tied = -1;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    stages.at(static_cast<size_t>(shapes[i].stage)).push_back(static_cast<int>(i));
+    if (shapes[i].name == "wte.weight") tied = static_cast<int>(i);
+  }
+  if (config.tied && tied >= 0) stages.back().push_back(tied);
+  return stages;
+}
+
 }  // namespace ferry

@@ -130,6 +130,15 @@ struct ParameterShape {
 // lay out chunks exactly as the chunk manager will without LibTorch.
 std::vector<ParameterShape> ModelParameterShapes(const ModelConfig& config, int tensor_ranks = 1);
 
+// The step's stages as the trainer forms them -- 0 the embeddings, 1 + i
+// block i, layers + 1 the head -- each with the parameters it computes with
+// (indices into `shapes`, ModelParameterShapes' list): every parameter in
+// its own stage, and a tied output layer (the token embedding, wte.weight)
+// in the head's too, last. Lets the daemon see each stage's chunks as the
+// chunk manager will.
+std::vector<std::vector<int>> ModelStageParameters(const ModelConfig& config,
+                                                   const std::vector<ParameterShape>& shapes);
+
 // How tensor parallelism splits parameter `name` (the whole model's
 // layout): along `dim` (0: rows, 1: columns; -1: whole on every rank), each
 // of `segments` -- consecutive runs of that dimension whose sizes add up

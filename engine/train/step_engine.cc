@@ -414,10 +414,11 @@ absl::Status ChunkedEngine::Init(MemoryOptions memory) {
     stages.push_back({absl::StrCat("h.", i), {}, /*recomputable=*/true});
   }
   stages.push_back({"head", {}});
-  for (const ParameterShape& shape : ModelParameterShapes(model_->config())) {
-    stages.at(static_cast<size_t>(shape.stage)).params.push_back(index.at(shape.name));
+  const std::vector<ParameterShape> shapes = ModelParameterShapes(model_->config());
+  const std::vector<std::vector<int>> uses = ModelStageParameters(model_->config(), shapes);
+  for (size_t s = 0; s < uses.size(); ++s) {
+    for (int i : uses[s]) stages.at(s).params.push_back(index.at(shapes[static_cast<size_t>(i)].name));
   }
-  if (model_->config().tied) stages.back().params.push_back(index.at("wte.weight"));
   if (memory.chunk_step_elements <= 0) memory.chunk_step_elements = model_->config().hidden;
   OptimizerOptions optimizer;
   optimizer.beta1 = train_.beta1;

@@ -348,6 +348,95 @@ void CheckTrain(Problems& p, const ferry::v1::TrainSpec& t) {
   }
 }
 
+
+// One rank's chunks, laid out as the trainer asks the chunk manager to lay
+// them out: chunk_size, or a search over multiples of the hidden size; each
+// capacity padded to whole shards where the job shards its chunks.
+struct RankChunks {
+  ModelConfig config;
+  std::vector<ParameterShape> shapes;
+  ChunkLayout layout;
+  // Per chunk: the elements of a data rank's shard of it.
+  std::vector<int64_t> shard;
+  MemoryOptions options;
+  bool mixed = false;
+  int tensor = 1;
+};
+
+absl::StatusOr<RankChunks> LayRankChunks(const JobSpec& spec) {
+  RankChunks r;
+  r.config = ToModelConfig(spec.model());
+  r.tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
+  r.shapes = ModelParameterShapes(r.config, r.tensor);
+  std::vector<int64_t> numels;
+  std::vector<int> groups;
+  for (const ParameterShape& shape : r.shapes) {
+    numels.push_back(shape.numel);
+    groups.push_back(shape.stage);
+  }
+  r.options = ToMemoryOptions(spec);
+  ChunkSearchOptions search;
+  search.step_elements = r.options.chunk_step_elements > 0 ? r.options.chunk_step_elements : r.config.hidden;
+  search.max_chunks = r.options.max_chunks;
+  absl::StatusOr<ChunkLayout> layout = ChooseChunkLayout(numels, groups, r.options.chunk_elements, search);
+  if (!layout.ok()) return layout.status();
+  r.layout = *std::move(layout);
+  r.mixed = spec.train().precision() == ferry::v1::PRECISION_FP16 ||
+            spec.train().precision() == ferry::v1::PRECISION_BF16;
+  // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states;
+  // fully sharded, of the weights and gradients too.
+  const int64_t data = static_cast<int64_t>(std::max<uint32_t>(1, spec.parallel().data()));
+  const bool sharded = r.options.shard != MemoryOptions::Shard::kNone;
+  r.shard = ShardChunks(&r.layout.capacity, sharded ? data : 1);
+  return r;
+}
+
+
+// RankDevicePlanInput's input from the chunks.
+PlanInput DevicePlanInput(const RankChunks& chunks, const JobSpec& spec, uint64_t limit_bytes) {
+  // Stages as the trainer forms them, each period's chunks those of its
+  // stage's parameters.
+  const std::vector<std::vector<int>> uses = ModelStageParameters(chunks.config, chunks.shapes);
+  const int stages = static_cast<int>(uses.size());
+  PlanInput in;
+  in.limit_bytes = limit_bytes;
+  in.forward_periods = stages;
+  in.backward_periods = stages;
+  in.accumulates = spec.train().grad_accum_steps() > 1;
+  in.period_chunks.assign(static_cast<size_t>(2 * stages + 1), {});
+  for (int s = 0; s < stages; ++s) {
+    std::set<int> used;
+    for (int i : uses[static_cast<size_t>(s)]) used.insert(chunks.layout.slots[static_cast<size_t>(i)].chunk);
+    in.period_chunks[static_cast<size_t>(s)].assign(used.begin(), used.end());
+    in.period_chunks[static_cast<size_t>(2 * stages - 1 - s)].assign(used.begin(), used.end());
+  }
+  in.non_model_bytes.assign(in.period_chunks.size(), 0);
+  const uint64_t element = chunks.mixed ? 2 : 4;
+  for (int64_t capacity : chunks.layout.capacity) {
+    // The weights are whole on the device, fully sharded too (gathered).
+    in.param_bytes.push_back(SaturatingMul(static_cast<uint64_t>(capacity), element));
+  }
+  return in;
+}
+
+// RankTierInput's input from the chunks.
+TierInput TierPlanInput(const RankChunks& chunks, const JobSpec& spec) {
+  TierInput input = ChunkTierInput(chunks.layout.capacity, chunks.mixed);
+  input.optimizer_elements = chunks.shard;
+  if (chunks.options.shard == MemoryOptions::Shard::kFull) input.host_elements = chunks.shard;
+  input.micro_batches = static_cast<int>(std::clamp<uint32_t>(spec.train().grad_accum_steps(), 1, 1 << 20));
+  // The model is built without its values, which are drawn into the
+  // chunks a parameter at a time, in place; a tensor-parallel shard is
+  // drawn whole in fp32 first (a shard's tensor across the group, at most).
+  if (chunks.tensor > 1) {
+    int64_t largest = 0;
+    for (const ParameterShape& shape : chunks.shapes) largest = std::max(largest, shape.numel);
+    input.init_scratch_bytes =
+        SaturatingMul(SaturatingMul(static_cast<uint64_t>(largest), chunks.tensor), 4);
+  }
+  return input;
+}
+
 // The device a rank runs on, in bytes; 0 when not known.
 uint64_t RankDeviceBytes(const JobSpec& spec, const MachineFacts& machine) {
   if (machine.device_is_host_memory) return SimulatedDeviceBytes(spec, machine);
@@ -358,25 +447,24 @@ uint64_t RankDeviceBytes(const JobSpec& spec, const MachineFacts& machine) {
 // activations at all -- within the device less the auto policy's margin: a
 // job that cannot meet it would stop in its warm-up step, after the model
 // was built and its chunks filled.
-void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machine) {
+void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machine, const RankChunks& chunks) {
   const uint64_t device = RankDeviceBytes(spec, machine);
   if (device == 0 || spec.memory().policy() == ferry::v1::MEMORY_POLICY_STATIC) return;
   const double margin = spec.memory().margin();
   if (!(margin >= 0 && margin <= 0.9)) return;  // refused as a field of its own
   const uint64_t limit = static_cast<uint64_t>(double(device) * (1.0 - margin));
-  absl::StatusOr<PlanInput> in = RankDevicePlanInput(spec, limit);
-  if (!in.ok()) return;  // the layout's own problem is reported with the host's
-  const Plan least = EvaluatePlan(*in, std::vector<ChunkClass>(in->param_bytes.size(), ChunkClass::kStreamed));
+  const PlanInput in = DevicePlanInput(chunks, spec, limit);
+  const Plan least = EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
   if (least.feasible) return;
   const int period = least.binding_period;
-  const int stages = in->forward_periods;
+  const int stages = in.forward_periods;
   const int stage = period < stages ? period : 2 * stages - 1 - period;
   const int64_t layers = spec.model().layers();
   const std::string stage_name = stage == 0                 ? std::string("the embeddings")
                                  : stage == layers + 1      ? std::string("the head")
                                                             : absl::StrCat("block ", stage - 1);
   uint64_t largest_chunk = 0;
-  for (uint64_t bytes : in->param_bytes) largest_chunk = std::max(largest_chunk, bytes);
+  for (uint64_t bytes : in.param_bytes) largest_chunk = std::max(largest_chunk, bytes);
   const uint64_t need = least.need_bytes[static_cast<size_t>(period)];
   const uint64_t at_least = static_cast<uint64_t>(double(need) / (1.0 - margin)) + 1;
   p.Precondition(absl::StrCat(
@@ -458,23 +546,24 @@ void CheckMemory(Problems& p, const JobSpec& spec, const MachineFacts& machine, 
   // chunk's host side (parameters and gradients in host memory, optimizer
   // states in host memory or on disk) whatever the device later holds, so
   // device memory does not make room on the host.
-  absl::StatusOr<TierInput> input = RankTierInput(spec);
-  if (!input.ok()) {
-    p.Invalid(absl::StrCat(m.chunk_size() > 0 ? "memory.chunk_size: " : "model: ", input.status().message()));
+  absl::StatusOr<RankChunks> chunks = LayRankChunks(spec);
+  if (!chunks.ok()) {
+    p.Invalid(absl::StrCat(m.chunk_size() > 0 ? "memory.chunk_size: " : "model: ", chunks.status().message()));
     return;
   }
-  CheckDeviceFits(p, spec, machine);
-  input->host_limit_bytes = RankHostBudgetBytes(spec, machine);
-  input->disk_dir = DiskTierBase(spec, machine);
-  input->disk_limit_is_free_space = m.disk_budget() == 0 && disk_free.has_value();
+  CheckDeviceFits(p, spec, machine, *chunks);
+  TierInput input = TierPlanInput(*chunks, spec);
+  input.host_limit_bytes = RankHostBudgetBytes(spec, machine);
+  input.disk_dir = DiskTierBase(spec, machine);
+  input.disk_limit_is_free_space = m.disk_budget() == 0 && disk_free.has_value();
   if (disk_free.has_value()) {
-    input->disk_limit_bytes = RankDiskBudgetBytes(spec, machine, *disk_free);
+    input.disk_limit_bytes = RankDiskBudgetBytes(spec, machine, *disk_free);
   } else if (!DiskTierBase(spec, machine).empty()) {
     // The file system was not looked at: only a budget the spec sets bounds
     // the tier here.
-    input->disk_limit_bytes = m.disk_budget() > 0 ? m.disk_budget() : UINT64_MAX;
+    input.disk_limit_bytes = m.disk_budget() > 0 ? m.disk_budget() : UINT64_MAX;
   }
-  const TierPlan plan = PlanTiers(*input);
+  const TierPlan plan = PlanTiers(input);
   if (!plan.feasible) {
     std::string what = plan.problem;
     if (m.host_budget() == 0) {
@@ -679,101 +768,15 @@ absl::StatusOr<DiskFacts> ProbeDisk(const std::string& dir) {
   return facts;
 }
 
-namespace {
-
-// One rank's chunks, laid out as the trainer asks the chunk manager to lay
-// them out: chunk_size, or a search over multiples of the hidden size; each
-// capacity padded to whole shards where the job shards its chunks.
-struct RankChunks {
-  ModelConfig config;
-  std::vector<ParameterShape> shapes;
-  ChunkLayout layout;
-  // Per chunk: the elements of a data rank's shard of it.
-  std::vector<int64_t> shard;
-  MemoryOptions options;
-  bool mixed = false;
-  int tensor = 1;
-};
-
-absl::StatusOr<RankChunks> LayRankChunks(const JobSpec& spec) {
-  RankChunks r;
-  r.config = ToModelConfig(spec.model());
-  r.tensor = static_cast<int>(std::max<uint32_t>(1, spec.parallel().tensor()));
-  r.shapes = ModelParameterShapes(r.config, r.tensor);
-  std::vector<int64_t> numels;
-  std::vector<int> groups;
-  for (const ParameterShape& shape : r.shapes) {
-    numels.push_back(shape.numel);
-    groups.push_back(shape.stage);
-  }
-  r.options = ToMemoryOptions(spec);
-  ChunkSearchOptions search;
-  search.step_elements = r.options.chunk_step_elements > 0 ? r.options.chunk_step_elements : r.config.hidden;
-  search.max_chunks = r.options.max_chunks;
-  absl::StatusOr<ChunkLayout> layout = ChooseChunkLayout(numels, groups, r.options.chunk_elements, search);
-  if (!layout.ok()) return layout.status();
-  r.layout = *std::move(layout);
-  r.mixed = spec.train().precision() == ferry::v1::PRECISION_FP16 ||
-            spec.train().precision() == ferry::v1::PRECISION_BF16;
-  // Sharded (parallel.shard), a rank keeps 1/D of the optimizer states;
-  // fully sharded, of the weights and gradients too.
-  const int64_t data = static_cast<int64_t>(std::max<uint32_t>(1, spec.parallel().data()));
-  const bool sharded = r.options.shard != MemoryOptions::Shard::kNone;
-  r.shard = ShardChunks(&r.layout.capacity, sharded ? data : 1);
-  return r;
-}
-
-}  // namespace
 
 absl::StatusOr<PlanInput> RankDevicePlanInput(const JobSpec& spec, uint64_t limit_bytes) {
   ASSIGN_OR_RETURN(RankChunks chunks, LayRankChunks(spec));
-  // Stages as the trainer forms them: the embeddings, each block, the head
-  // (which also computes with a tied output layer, the embedding's weight).
-  const int stages = static_cast<int>(chunks.config.layers) + 2;
-  std::vector<std::set<int>> used(static_cast<size_t>(stages));
-  for (size_t i = 0; i < chunks.shapes.size(); ++i) {
-    const int chunk = chunks.layout.slots[i].chunk;
-    used[static_cast<size_t>(chunks.shapes[i].stage)].insert(chunk);
-    if (chunks.config.tied && chunks.shapes[i].name == "wte.weight") used.back().insert(chunk);
-  }
-  PlanInput in;
-  in.limit_bytes = limit_bytes;
-  in.forward_periods = stages;
-  in.backward_periods = stages;
-  in.accumulates = spec.train().grad_accum_steps() > 1;
-  in.period_chunks.assign(static_cast<size_t>(2 * stages + 1), {});
-  for (int s = 0; s < stages; ++s) {
-    const std::vector<int> chunk_list(used[static_cast<size_t>(s)].begin(), used[static_cast<size_t>(s)].end());
-    in.period_chunks[static_cast<size_t>(s)] = chunk_list;
-    in.period_chunks[static_cast<size_t>(2 * stages - 1 - s)] = chunk_list;
-  }
-  in.non_model_bytes.assign(in.period_chunks.size(), 0);
-  const uint64_t element = chunks.mixed ? 2 : 4;
-  for (int64_t capacity : chunks.layout.capacity) {
-    // The weights are whole on the device, fully sharded too (gathered).
-    in.param_bytes.push_back(SaturatingMul(static_cast<uint64_t>(capacity), element));
-  }
-  return in;
+  return DevicePlanInput(chunks, spec, limit_bytes);
 }
 
 absl::StatusOr<TierInput> RankTierInput(const JobSpec& spec) {
   ASSIGN_OR_RETURN(RankChunks chunks, LayRankChunks(spec));
-  const ChunkLayout* layout = &chunks.layout;
-  const MemoryOptions& options = chunks.options;
-  const std::vector<int64_t>& shard = chunks.shard;
-  const bool mixed = chunks.mixed;
-  const int tensor = chunks.tensor;
-  int64_t largest = 0;
-  for (const ParameterShape& shape : chunks.shapes) largest = std::max(largest, shape.numel);
-  TierInput input = ChunkTierInput(layout->capacity, mixed);
-  input.optimizer_elements = shard;
-  if (options.shard == MemoryOptions::Shard::kFull) input.host_elements = shard;
-  input.micro_batches = static_cast<int>(std::clamp<uint32_t>(spec.train().grad_accum_steps(), 1, 1 << 20));
-  // The model is built without its values, which are drawn into the
-  // chunks a parameter at a time, in place; a tensor-parallel shard is
-  // drawn whole in fp32 first (a shard's tensor across the group, at most).
-  if (tensor > 1) input.init_scratch_bytes = SaturatingMul(SaturatingMul(static_cast<uint64_t>(largest), tensor), 4);
-  return input;
+  return TierPlanInput(chunks, spec);
 }
 
 uint64_t RankHostBudgetBytes(const JobSpec& spec, const MachineFacts& machine) {
