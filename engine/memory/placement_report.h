@@ -136,8 +136,10 @@ struct PlacementReport {
   std::vector<PeriodReport> trace;
   // Planned bytes moved per steady step.
   uint64_t planned_traffic_bytes = 0;
-  // Stages whose activations are recomputed in the backward.
+  // Stages whose activations are recomputed in the backward, and the
+  // model's blocks they are (filled by the engine, which knows the stages).
   std::vector<int> recomputed_stages;
+  std::vector<int> recomputed_blocks;
 };
 
 // The planner's input for a run as its report describes it: the warm-up

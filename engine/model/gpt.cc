@@ -375,9 +375,13 @@ GptImpl::GptImpl(const ModelConfig& config, Communicator* tensor, ParameterInit 
       tensor_(tensor == nullptr ? solo_.get() : tensor),
       mode_(std::make_shared<ComputeMode>()) {
   const bool deferred = init == ParameterInit::kDeferred;
+  // The vocabulary's pieces (model_config.h), each one's rows.
+  std::vector<int64_t> piece_rows;
+  const int pieces = VocabPieces(config, tensor_->size());
+  for (int k = 0; pieces > 1 && k < pieces; ++k) piece_rows.push_back(VocabPieceRows(config, pieces, k).size);
   // Built in the same order either way, so that what the modules' own
   // constructors draw is the same.
-  wte = register_module("wte", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_));
+  wte = register_module("wte", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_, piece_rows));
   if (deferred) Defer(*wte);
   if (config.Rotary()) {
     // Buffers, not parameters: they move with the model and are not
@@ -399,7 +403,8 @@ GptImpl::GptImpl(const ModelConfig& config, Communicator* tensor, ParameterInit 
   ln_f = register_module("ln_f", Norm(config.hidden, config.norm, config.norm_eps, mode_));
   if (deferred) Defer(*ln_f);
   if (!config.tied) {
-    lm_head = register_module("lm_head", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_));
+    lm_head =
+        register_module("lm_head", VocabParallelEmbedding(config.vocab_size, config.hidden, tensor_, piece_rows));
     if (deferred) Defer(*lm_head);
   }
 
@@ -465,6 +470,15 @@ void GptImpl::InitialValue(size_t index, at::Tensor out) {
 }
 
 at::Tensor GptImpl::WholeValueOf(const std::string& name, const std::vector<int64_t>& shape) {
+  std::string base;
+  int k = 0;
+  if (ParseVocabPiece(name, &base, &k)) {
+    // A piece's rows of the whole matrix (a group of one).
+    at::Tensor value = at::empty({config_.vocab_size, shape.at(1)}, at::kFloat);
+    whole_values_(base, value);
+    const VocabRows rows = VocabPieceRows(config_, vocab_pieces(), k);
+    return value.narrow(0, rows.begin, rows.size);
+  }
   const int dim = TensorParallelSplit(config_, name).dim;
   std::vector<int64_t> whole = shape;
   if (dim >= 0) whole[static_cast<size_t>(dim)] *= tensor_->size();
@@ -485,6 +499,11 @@ void GptImpl::Materialize() {
 uint64_t GptImpl::InitialValueScratchBytes(size_t index) const {
   const auto& [name, shape] = pending_.at(index);
   const bool split = IsTensorParallelShard(config_, name);
+  std::string base;
+  int k = 0;
+  if (whole_values_ && ParseVocabPiece(name, &base, &k)) {
+    return sizeof(float) * static_cast<uint64_t>(config_.vocab_size * shape.at(1));  // the whole matrix
+  }
   if (whole_values_) {
     uint64_t n = sizeof(float) * static_cast<uint64_t>(split ? tensor_->size() : 1);
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
@@ -520,6 +539,11 @@ bool IsTensorParallelShard(const ModelConfig& config, const std::string& name) {
 }
 
 torch::Tensor GptImpl::Embed(const torch::Tensor& tokens, int64_t first_position) {
+  if (vocab_pieces() > 1) {
+    torch::Tensor x;
+    for (int k = 0; k < vocab_pieces(); ++k) x = EmbedPiece(k, tokens, x, first_position);
+    return x;
+  }
   torch::Tensor x = wte->forward(tokens);
   if (wpe) {
     const int64_t time = tokens.size(1);
@@ -528,16 +552,58 @@ torch::Tensor GptImpl::Embed(const torch::Tensor& tokens, int64_t first_position
   return drop_->forward(x, BatchSlice(*mode_));
 }
 
+torch::Tensor GptImpl::EmbedPiece(int k, const torch::Tensor& tokens, const torch::Tensor& partial,
+                                  int64_t first_position) {
+  if (vocab_pieces() == 1) return Embed(tokens, first_position);
+  torch::Tensor x = wte->LookupPiece(k, tokens);
+  if (k > 0) x = partial + x;
+  if (k == 0 && wpe) {
+    const int64_t time = tokens.size(1);
+    x = x + wpe->forward(torch::arange(first_position, first_position + time, tokens.options().dtype(torch::kLong)));
+  }
+  return k + 1 == vocab_pieces() ? drop_->forward(x, BatchSlice(*mode_)) : x;
+}
+
 torch::Tensor GptImpl::Head(const torch::Tensor& x) {
   // Every rank's logits depend on the whole of x: its gradient is summed.
-  return MatMul(CopyToTensorRegion(ln_f(x), tensor_), OutputWeight().t(), *mode_);
+  const torch::Tensor normed = CopyToTensorRegion(ln_f(x), tensor_);
+  std::vector<torch::Tensor> logits;
+  for (const torch::Tensor& w : OutputLayer().pieces) logits.push_back(MatMul(normed, w.t(), *mode_));
+  return logits.size() == 1 ? logits[0] : at::cat(logits, -1);
 }
 
 torch::Tensor GptImpl::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
   if (tensor_->size() > 1) return Loss(Head(x), targets);
+  if (vocab_pieces() > 1) {
+    const torch::Tensor normed = HeadNorm(x);
+    std::vector<torch::Tensor> stats;
+    for (int k = 0; k < vocab_pieces(); ++k) stats.push_back(HeadPieceStats(k, normed, targets));
+    return CombineHeadStats(stats);
+  }
   const torch::Tensor normed = ln_f(x);
-  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), OutputWeight(), targets.reshape({-1}),
+  return LmHeadCrossEntropy(normed.reshape({-1, normed.size(-1)}), OutputLayer().weight, targets.reshape({-1}),
                             /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast, mode_->claims);
+}
+
+torch::Tensor GptImpl::HeadNorm(const torch::Tensor& x) {
+  const torch::Tensor normed = ln_f(x);
+  return normed.reshape({-1, normed.size(-1)}).to(at::kFloat);
+}
+
+torch::Tensor GptImpl::HeadPieceStats(int k, const torch::Tensor& normed, const torch::Tensor& targets) {
+  VocabParallelEmbeddingImpl& out = OutputLayer();
+  return LmHeadPieceStats(normed, out.pieces.at(static_cast<size_t>(k)),
+                          targets.reshape({-1}) - out.piece_rows(k).begin,
+                          /*slice_rows=*/4096, /*native=*/Reduced(*mode_) && !mode_->upcast, mode_->claims);
+}
+
+torch::Tensor GptImpl::CombineHeadStats(const std::vector<torch::Tensor>& stats) {
+  const torch::Tensor all = at::stack(stats, 0);  // [pieces, rows, 2]
+  return (at::logsumexp(all.select(2, 0), 0) - all.select(2, 1).sum(0)).mean();
+}
+
+torch::Tensor GptImpl::PieceLogits(int k, const torch::Tensor& normed_rows) {
+  return at::matmul(normed_rows.to(at::kFloat), OutputLayer().pieces.at(static_cast<size_t>(k)).to(at::kFloat).t());
 }
 
 torch::Tensor GptImpl::LastLogits(const torch::Tensor& x) {
@@ -545,7 +611,9 @@ torch::Tensor GptImpl::LastLogits(const torch::Tensor& x) {
   // One position's row of the head: [batch, hidden] x [hidden, vocab], in
   // fp32 whatever the weights' type.
   const torch::Tensor normed = ln_f(x.select(1, x.size(1) - 1));
-  return at::matmul(normed.to(at::kFloat), OutputWeight().to(at::kFloat).t());
+  std::vector<torch::Tensor> logits;
+  for (int k = 0; k < OutputLayer().piece_count(); ++k) logits.push_back(PieceLogits(k, normed));
+  return logits.size() == 1 ? logits[0] : at::cat(logits, -1);
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {

@@ -244,6 +244,26 @@ class GptImpl : public torch::nn::Module {
   // group of more than one rank, Loss(Head(x)).
   torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
 
+  // The stages of a model whose vocabulary is in pieces (ModelStages),
+  // which the chunked engine runs one by one:
+  //   x = EmbedPiece(0, tokens, {}, first); x = EmbedPiece(k, tokens, x) ...
+  //   (the positions and dropout come with the first and last pieces);
+  //   n = HeadNorm(x) (fp32, so the pieces' gradients are summed in fp32);
+  //   s_k = HeadPieceStats(k, n, targets) each, loss = CombineHeadStats(s).
+  // With one piece, EmbedPiece is Embed() and HeadLoss() the head.
+  int vocab_pieces() const { return wte->piece_count(); }
+  torch::Tensor EmbedPiece(int k, const torch::Tensor& tokens, const torch::Tensor& partial,
+                           int64_t first_position = 0);
+  torch::Tensor HeadNorm(const torch::Tensor& x);
+  // Per row of `normed`: the log-sum-exp of piece k's logits, and the
+  // target's logit where piece k holds the target (0 elsewhere), [rows, 2]
+  // fp32 (LmHeadPieceStats).
+  torch::Tensor HeadPieceStats(int k, const torch::Tensor& normed, const torch::Tensor& targets);
+  torch::Tensor CombineHeadStats(const std::vector<torch::Tensor>& stats);
+  // The logits of output piece k for rows of the final norm's output, in
+  // fp32 whatever the weights' type (generation).
+  torch::Tensor PieceLogits(int k, const torch::Tensor& normed_rows);
+
   // The head at each row's last position only, for generation: x [batch,
   // time, hidden] (as the last block returns it) -> fp32 logits [batch,
   // vocab_size] (the whole vocabulary: needs a tensor group of one).
@@ -269,8 +289,8 @@ class GptImpl : public torch::nn::Module {
   Norm ln_f{nullptr};
   VocabParallelEmbedding lm_head{nullptr};  // untied output layer only
 
-  // The output layer's weight: lm_head's, or wte's when tied.
-  const torch::Tensor& OutputWeight() const { return config_.tied ? wte->weight : lm_head->weight; }
+  // The output layer: lm_head, or wte when tied.
+  VocabParallelEmbeddingImpl& OutputLayer() { return config_.tied ? *wte : *lm_head; }
 
  private:
   ModelConfig config_;

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/parallel/communicator.h"
 
 namespace ferry {
@@ -296,33 +298,79 @@ TEST(GptTest, ReducedGeluComputesInFp32AndRoundsOnce) {
 TEST(GptTest, ParameterShapesMatchTheModel) {
   ModelConfig config = SmallConfig();
   config.layers = 3;
-  for (int tensor : {1, 2}) {
-    for (int rank = 0; rank < tensor; ++rank) {
-      SCOPED_TRACE(testing::Message() << "T=" << tensor << " rank " << rank);
-      ShapeOnlyCommunicator comm(rank, tensor);
-      Gpt model(config, &comm);
-      const std::vector<ParameterShape> shapes = ModelParameterShapes(config, tensor);
-      const auto named = model->named_parameters();
-      ASSERT_EQ(shapes.size(), named.size());
-      int64_t total = 0;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        EXPECT_EQ(shapes[i].name, named[i].key()) << i;
-        EXPECT_EQ(shapes[i].numel, named[i].value().numel()) << shapes[i].name;
-        total += shapes[i].numel;
-        // The trainer's stages: embed, h.0 ... h.(L-1), head.
-        const std::string& name = shapes[i].name;
-        const int expected = name.rfind("h.", 0) == 0 ? 1 + std::stoi(name.substr(2))
-                             : name.rfind("ln_f.", 0) == 0 ? static_cast<int>(config.layers) + 1
-                                                           : 0;
-        EXPECT_EQ(shapes[i].stage, expected) << name;
-      }
-      if (tensor == 1) {
-        EXPECT_EQ(total, config.ParameterCount());
-      } else {
-        EXPECT_LT(total, config.ParameterCount());
+  ModelConfig pieces = config;  // the vocabulary in pieces of 16, 16, 16 and 2 rows
+  pieces.vocab_piece_rows = 16;
+  pieces.tied = false;
+  for (const ModelConfig& c : {config, pieces}) {
+    for (int tensor : {1, 2}) {
+      for (int rank = 0; rank < tensor; ++rank) {
+        SCOPED_TRACE(testing::Message() << "T=" << tensor << " rank " << rank << " pieces " << c.vocab_piece_rows);
+        ShapeOnlyCommunicator comm(rank, tensor);
+        Gpt model(c, &comm);
+        const ModelStages stages = StagesOf(c, tensor);
+        EXPECT_EQ(stages.pieces, c.vocab_piece_rows > 0 && tensor == 1 ? 4 : 1);
+        EXPECT_EQ(model->vocab_pieces(), stages.pieces);
+        const std::vector<ParameterShape> shapes = ModelParameterShapes(c, tensor);
+        const auto named = model->named_parameters();
+        ASSERT_EQ(shapes.size(), named.size());
+        int64_t total = 0;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          EXPECT_EQ(shapes[i].name, named[i].key()) << i;
+          EXPECT_EQ(shapes[i].numel, named[i].value().numel()) << shapes[i].name;
+          total += shapes[i].numel;
+          // The trainer's stages (ModelStages).
+          const std::string& name = shapes[i].name;
+          std::string base;
+          int k = 0;
+          int expected = 0;
+          if (name.rfind("h.", 0) == 0) {
+            expected = stages.block(std::stoi(name.substr(2)));
+          } else if (name.rfind("ln_f.", 0) == 0 || name == "lm_head.weight") {
+            expected = stages.head();
+          } else if (ParseVocabPiece(name, &base, &k)) {
+            expected = base == "wte.weight" ? stages.embed(k) : stages.head_piece(k);
+          }
+          EXPECT_EQ(shapes[i].stage, expected) << name;
+        }
+        if (tensor == 1) {
+          EXPECT_EQ(total, c.ParameterCount());
+        } else {
+          EXPECT_LT(total, c.ParameterCount());
+        }
       }
     }
   }
+}
+
+TEST(GptTest, VocabularyPiecesCoverItOnce) {
+  ModelConfig c = SmallConfig();
+  c.vocab_piece_rows = 16;
+  EXPECT_EQ(VocabPieces(c), 4);
+  int64_t next = 0;
+  for (int k = 0; k < 4; ++k) {
+    const VocabRows rows = VocabPieceRows(c, 4, k);
+    EXPECT_EQ(rows.begin, next);
+    EXPECT_EQ(rows.size, k < 3 ? 16 : 2);
+    next += rows.size;
+  }
+  EXPECT_EQ(next, c.vocab_size);
+  EXPECT_EQ(VocabPieces(c, /*tensor_ranks=*/2), 1) << "a tensor group splits the vocabulary already";
+  // By size: at most 2^26 elements a piece, rows a multiple of 64.
+  ModelConfig big = SmallConfig();
+  big.vocab_size = 128256;
+  big.hidden = 2048;
+  EXPECT_EQ(VocabPieces(big), 4);
+  EXPECT_EQ(VocabPieceRows(big, 4, 1).begin, 32064);
+  big.hidden = 512;  // 65.7 M elements: one piece
+  EXPECT_EQ(VocabPieces(big), 1);
+  std::string base;
+  int k = -1;
+  EXPECT_TRUE(ParseVocabPiece("lm_head.weight_12", &base, &k));
+  EXPECT_EQ(base, "lm_head.weight");
+  EXPECT_EQ(k, 12);
+  EXPECT_FALSE(ParseVocabPiece("wte.weight", &base, &k));
+  EXPECT_FALSE(ParseVocabPiece("wte.weight_", &base, &k));
+  EXPECT_FALSE(ParseVocabPiece("h.0.wte.weight_1x", &base, &k));
 }
 
 }  // namespace
@@ -357,6 +405,94 @@ TEST(GptTest, HeadLossIsLossOfHead) {
   for (size_t i = 1; i < whole.size(); ++i) {
     const double scale = whole[i].abs().max().item<double>();
     EXPECT_LE((sliced[i] - whole[i]).abs().max().item<double>(), 2e-6 * scale) << "parameter " << i - 1;
+  }
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// A vocabulary kept in pieces computes what the whole one does: the model
+// built from the same values gives the same logits, and its stage-by-stage
+// head (HeadNorm, HeadPieceStats, CombineHeadStats) the same loss and
+// gradients as the sliced head of the whole vocabulary -- tied and untied,
+// in fp32 and natively in bf16.
+TEST(GptTest, VocabularyPiecesComputeAsTheWholeVocabulary) {
+  for (bool tied : {true, false}) {
+    for (c10::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+      SCOPED_TRACE(testing::Message() << (tied ? "tied " : "untied ") << c10::toString(dtype));
+      ModelConfig config = SmallConfig();
+      config.vocab_size = 5000;  // pieces of 1792, 1792 and 1416 rows
+      config.tied = tied;
+      torch::manual_seed(11);
+      Gpt whole(config);
+      std::map<std::string, at::Tensor> values;
+      for (const auto& item : whole->named_parameters()) values[item.key()] = item.value().detach().clone();
+      ModelConfig split = config;
+      split.vocab_piece_rows = 1792;
+      Gpt pieces(split, nullptr, GptImpl::ParameterInit::kDeferred);
+      pieces->SetInitialValues([&](const std::string& name, at::Tensor out) { out.copy_(values.at(name)); });
+      pieces->Materialize();
+      ASSERT_EQ(pieces->vocab_pieces(), 3);
+      for (Gpt* m : {&whole, &pieces}) {
+        (*m)->to(dtype);
+        (*m)->SetComputeMode({dtype, /*upcast=*/false});
+      }
+      torch::Tensor tokens = torch::randint(0, config.vocab_size, {2, 12}, torch::kLong);
+      torch::Tensor targets = torch::randint(0, config.vocab_size, {2, 12}, torch::kLong);
+      const double tolerance = dtype == torch::kFloat ? 2e-6 : 2e-2;
+      {
+        torch::NoGradGuard no_grad;
+        const torch::Tensor a = whole->forward(tokens).to(torch::kFloat);
+        const torch::Tensor b = pieces->forward(tokens).to(torch::kFloat);
+        EXPECT_LE((a - b).abs().max().item<double>(), tolerance * a.abs().max().item<double>());
+      }
+      auto run = [&](Gpt& m, bool staged) {
+        m->zero_grad();
+        torch::Tensor x = m->Embed(tokens);
+        if (staged) {
+          x = torch::Tensor();
+          for (int k = 0; k < m->vocab_pieces(); ++k) x = m->EmbedPiece(k, tokens, x);
+        }
+        for (int64_t i = 0; i < m->block_count(); ++i) x = m->block(i).forward(x);
+        torch::Tensor loss;
+        if (staged) {
+          const torch::Tensor normed = m->HeadNorm(x);
+          EXPECT_EQ(normed.scalar_type(), torch::kFloat);
+          std::vector<torch::Tensor> stats;
+          for (int k = 0; k < m->vocab_pieces(); ++k) stats.push_back(m->HeadPieceStats(k, normed, targets));
+          loss = m->CombineHeadStats(stats);
+        } else {
+          loss = m->HeadLoss(x, targets);
+        }
+        loss.backward();
+        std::map<std::string, at::Tensor> g;
+        g["loss"] = loss.detach().to(torch::kDouble).reshape({1});
+        for (const auto& item : m->named_parameters()) g[item.key()] = item.value().grad().to(torch::kDouble);
+        return g;
+      };
+      std::map<std::string, at::Tensor> expected = run(whole, false);
+      std::map<std::string, at::Tensor> got = run(pieces, true);
+      // The pieces' gradients are rows of the whole one's.
+      for (const char* base : {"wte.weight", "lm_head.weight"}) {
+        std::vector<at::Tensor> rows;
+        for (int k = 0; k < 3; ++k) {
+          auto it = got.find(absl::StrCat(base, "_", k));
+          if (it == got.end()) break;
+          rows.push_back(it->second);
+          got.erase(it);
+        }
+        if (!rows.empty()) got[base] = at::cat(rows, 0);
+      }
+      ASSERT_EQ(got.size(), expected.size());
+      for (const auto& [name, e] : expected) {
+        ASSERT_TRUE(got.count(name)) << name;
+        const double scale = std::max(1e-12, e.abs().max().item<double>());
+        EXPECT_LE((got[name] - e).abs().max().item<double>(), tolerance * scale) << name;
+      }
+    }
   }
 }
 

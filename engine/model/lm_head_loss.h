@@ -38,4 +38,15 @@ namespace ferry {
 at::Tensor LmHeadCrossEntropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                               int64_t slice_rows = 4096, bool native = false, GradientClaims* claims = nullptr);
 
+// One piece of a head whose vocabulary is kept in pieces (the rows W
+// holds): per row of x, the log-sum-exp of its logits x W^T and the
+// target's logit (0 where the target is not among W's rows: `targets` count
+// from W's first row), as [rows, 2] fp32. The log-sum-exp of the pieces'
+// log-sum-exps less their summed target logits is the row's loss. x is fp32
+// holding values of W's type (so that autograd sums the pieces' gradients
+// of x in fp32); the products, the slices and W's gradient are as
+// LmHeadCrossEntropy's.
+at::Tensor LmHeadPieceStats(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                            int64_t slice_rows = 4096, bool native = false, GradientClaims* claims = nullptr);
+
 }  // namespace ferry

@@ -1,9 +1,12 @@
 #include "engine/model/model_config.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -122,8 +125,8 @@ absl::Status CheckModelConfig(const ModelConfig& c, int tensor_ranks) {
            {"seq_len", c.seq_len}}) {
     if (value < 1) return invalid("model.", field, ": ", value, " must be at least 1");
   }
-  if (c.kv_heads < 0 || c.head_dim < 0 || c.intermediate < 0 || c.max_positions < 0) {
-    return invalid("model: kv_heads, head_dim, intermediate and max_positions must not be negative");
+  if (c.kv_heads < 0 || c.head_dim < 0 || c.intermediate < 0 || c.max_positions < 0 || c.vocab_piece_rows < 0) {
+    return invalid("model: kv_heads, head_dim, intermediate, max_positions and vocab_piece_rows must not be negative");
   }
   if (c.head_dim == 0 && c.hidden % c.heads != 0) {
     return invalid("model.hidden: ", c.hidden, " is not a multiple of model.heads (", c.heads,
@@ -168,17 +171,84 @@ absl::Status CheckModelConfig(const ModelConfig& c, int tensor_ranks) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Rows of each vocabulary piece but the last (which holds what is left);
+// the whole vocabulary where it is one piece.
+int64_t RowsPerPiece(const ModelConfig& config, int tensor_ranks) {
+  constexpr int64_t kMostElements = int64_t{1} << 26;
+  const int64_t v = std::max<int64_t>(config.vocab_size, 1), h = std::max<int64_t>(config.hidden, 1);
+  if (tensor_ranks > 1) return v;
+  if (config.vocab_piece_rows > 0) return std::min(v, config.vocab_piece_rows);
+  if (v * h <= kMostElements) return v;
+  // As few pieces as keep each within the bound, of equal rows rounded up
+  // to a multiple of 64.
+  const int64_t pieces = (v * h + kMostElements - 1) / kMostElements;
+  return ((v + pieces - 1) / pieces + 63) / 64 * 64;
+}
+
+}  // namespace
+
+int VocabPieces(const ModelConfig& config, int tensor_ranks) {
+  const int64_t v = std::max<int64_t>(config.vocab_size, 1), rows = RowsPerPiece(config, tensor_ranks);
+  return static_cast<int>((v + rows - 1) / rows);
+}
+
+VocabRows VocabPieceRows(const ModelConfig& config, int pieces, int k) {
+  if (pieces <= 1) return {0, config.vocab_size};
+  const int64_t rows = RowsPerPiece(config, 1);
+  const int64_t begin = std::min(config.vocab_size, rows * k);
+  return {begin, std::min(rows, config.vocab_size - begin)};
+}
+
+std::string VocabPieceName(const std::string& base, int pieces, int k) {
+  return pieces <= 1 ? base : absl::StrCat(base, "_", k);
+}
+
+bool ParseVocabPiece(const std::string& name, std::string* base, int* k) {
+  for (const char* b : {"wte.weight_", "lm_head.weight_"}) {
+    absl::string_view rest = name;
+    int piece = 0;
+    if (absl::ConsumePrefix(&rest, b) && !rest.empty() && absl::SimpleAtoi(rest, &piece) && piece >= 0) {
+      *base = std::string(b, std::strlen(b) - 1);
+      *k = piece;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string ModelStages::Describe(int stage) const {
+  if (stage < pieces) return "the embeddings";
+  if (stage < head()) return absl::StrCat("block ", stage - pieces);
+  return "the head";
+}
+
+ModelStages StagesOf(const ModelConfig& config, int tensor_ranks) {
+  ModelStages s;
+  s.pieces = VocabPieces(config, tensor_ranks);
+  s.layers = std::max<int64_t>(config.layers, 0);
+  return s;
+}
+
 std::vector<ParameterShape> ModelParameterShapes(const ModelConfig& config, int tensor_ranks) {
   const int64_t h = config.hidden;
   const int64_t t = tensor_ranks > 0 ? tensor_ranks : 1;
   const bool layer_norm = config.norm == ModelConfig::Norm::kLayerNorm;
   const int64_t attn_width = config.heads * config.HeadDim();  // o_proj's input
+  const ModelStages stages = StagesOf(config, static_cast<int>(t));
+  // Rows split by vocabulary: across the tensor group, or into pieces.
+  auto vocab_rows = [&](int k) {
+    return stages.pieces == 1 ? config.vocab_size / t : VocabPieceRows(config, stages.pieces, k).size;
+  };
   std::vector<ParameterShape> shapes;
-  shapes.push_back({"wte.weight", config.vocab_size / t * h, 0});  // rows split by vocabulary
-  if (!config.Rotary()) shapes.push_back({"wpe.weight", config.seq_len * h, 0});
+  for (int k = 0; k < stages.pieces; ++k) {
+    shapes.push_back({VocabPieceName("wte.weight", stages.pieces, k), vocab_rows(k) * h, stages.embed(k)});
+  }
+  if (!config.Rotary()) shapes.push_back({"wpe.weight", config.seq_len * h, stages.embed(0)});
   for (int64_t i = 0; i < config.layers; ++i) {
     const std::string b = absl::StrCat("h.", i, ".");
-    const int stage = static_cast<int>(1 + i);
+    const int stage = stages.block(i);
     auto add = [&](const char* name, int64_t numel) { shapes.push_back({b + name, numel, stage}); };
     // Column-parallel layers split their output rows (c_attn by heads),
     // row-parallel ones their input columns; biases of row-parallel layers
@@ -200,10 +270,11 @@ std::vector<ParameterShape> ModelParameterShapes(const ModelConfig& config, int 
     add("mlp.c_proj.weight", h * (config.Intermediate() / t));
     if (config.proj_bias) add("mlp.c_proj.bias", h);
   }
-  const int head = static_cast<int>(config.layers + 1);
-  shapes.push_back({"ln_f.weight", h, head});
-  if (layer_norm) shapes.push_back({"ln_f.bias", h, head});
-  if (!config.tied) shapes.push_back({"lm_head.weight", config.vocab_size / t * h, head});
+  shapes.push_back({"ln_f.weight", h, stages.head()});
+  if (layer_norm) shapes.push_back({"ln_f.bias", h, stages.head()});
+  for (int k = 0; !config.tied && k < stages.pieces; ++k) {
+    shapes.push_back({VocabPieceName("lm_head.weight", stages.pieces, k), vocab_rows(k) * h, stages.head_piece(k)});
+  }
   return shapes;
 }
 
@@ -258,14 +329,23 @@ absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
 }
 
 std::vector<std::vector<int>> ModelStageParameters(const ModelConfig& config,
-                                                   const std::vector<ParameterShape>& shapes) {
-  std::vector<std::vector<int>> stages(static_cast<size_t>(std::max<int64_t>(config.layers, 0) + 2));
-  int tied = -1;
+                                                   const std::vector<ParameterShape>& shapes, int tensor_ranks) {
+  const ModelStages layout = StagesOf(config, tensor_ranks);
+  std::vector<std::vector<int>> stages(static_cast<size_t>(layout.count()));
+  std::vector<std::pair<int, int>> tied;  // (head stage, parameter)
   for (size_t i = 0; i < shapes.size(); ++i) {
     stages.at(static_cast<size_t>(shapes[i].stage)).push_back(static_cast<int>(i));
-    if (shapes[i].name == "wte.weight") tied = static_cast<int>(i);
+    std::string base;
+    int k = 0;
+    if (shapes[i].name == "wte.weight") {
+      tied.emplace_back(layout.head_piece(0), static_cast<int>(i));
+    } else if (ParseVocabPiece(shapes[i].name, &base, &k) && base == "wte.weight") {
+      tied.emplace_back(layout.head_piece(k), static_cast<int>(i));
+    }
   }
-  if (config.tied && tied >= 0) stages.back().push_back(tied);
+  if (config.tied) {
+    for (const auto& [stage, i] : tied) stages.at(static_cast<size_t>(stage)).push_back(i);
+  }
   return stages;
 }
 

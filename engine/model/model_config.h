@@ -88,6 +88,10 @@ struct ModelConfig {
   // The longest context the model supports (config.json's
   // max_position_embeddings); 0: seq_len.
   int64_t max_positions = 0;
+  // Vocabulary rows of each piece the token embedding (and an untied output
+  // layer) is kept in (see VocabPieces); 0: chosen by size. A layout, not
+  // the architecture: the model computes the same whatever it is.
+  int64_t vocab_piece_rows = 0;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
@@ -109,6 +113,55 @@ struct ModelConfig {
 // by it. INVALID_ARGUMENT naming the field (as model.FIELD) and the fix.
 absl::Status CheckModelConfig(const ModelConfig& config, int tensor_ranks = 1);
 
+// The vocabulary's pieces. A large token embedding (llama-3.2-1b's is
+// 128256 x 2048) is kept in pieces of consecutive rows, each its own
+// parameter ("wte.weight_0", "wte.weight_1", ...; "lm_head.weight_K" for an
+// untied output layer) with a stage of its own in the forward and the
+// backward, so that no step needs the whole matrix and its gradient at once
+// on the device. One piece (the parameter "wte.weight", as always) where
+// the matrix has at most 2^26 elements (every GPT-2 but gpt2-xl) or a
+// tensor group splits the vocabulary already (`tensor_ranks` > 1); else as
+// few pieces as hold at most 2^26 elements each, of equal rows (a multiple
+// of 64; the last holds what is left), or of model.vocab_piece_rows rows
+// where set.
+int VocabPieces(const ModelConfig& config, int tensor_ranks = 1);
+// Rows [begin, begin + size) of the vocabulary that piece `k` of `pieces`
+// (VocabPieces) holds.
+struct VocabRows {
+  int64_t begin = 0;
+  int64_t size = 0;
+};
+VocabRows VocabPieceRows(const ModelConfig& config, int pieces, int k);
+// The parameter name of piece `k` of `base` ("wte.weight"): `base` itself
+// with one piece.
+std::string VocabPieceName(const std::string& base, int pieces, int k);
+// Whether `name` is a piece "BASE_K" of the embedding or the output layer:
+// sets `base` and `k`.
+bool ParseVocabPiece(const std::string& name, std::string* base, int* k);
+
+// Which stage of the step is which, as the trainer forms them: the
+// embeddings (one stage per vocabulary piece, each adding its piece's
+// rows; positions in the first), then one per block, then the head -- one
+// stage (the final norm, the output layer and the loss) with one piece, or
+// with P pieces the final norm and then one stage per piece, whose
+// log-sum-exps are combined after.
+struct ModelStages {
+  int pieces = 1;
+  int64_t layers = 0;
+
+  int embed(int k) const { return k; }
+  int block(int64_t i) const { return static_cast<int>(pieces + i); }
+  int head() const { return static_cast<int>(pieces + layers); }
+  // The stage of output piece `k`.
+  int head_piece(int k) const { return pieces == 1 ? head() : head() + 1 + k; }
+  int count() const { return head_piece(pieces - 1) + 1; }
+  // The block a stage runs, or -1.
+  int64_t BlockOf(int stage) const { return stage >= pieces && stage < head() ? stage - pieces : -1; }
+  // "the embeddings", "block 3", "the head".
+  std::string Describe(int stage) const;
+};
+ModelStages StagesOf(const ModelConfig& config, int tensor_ranks = 1);
+
 // One parameter tensor of the model as one tensor-parallel rank holds it.
 struct ParameterShape {
   // As the model's named_parameters() names it: "wte.weight",
@@ -117,10 +170,9 @@ struct ParameterShape {
   // Elements this rank holds: a share of the tensors tensor parallelism
   // splits, the whole of the others.
   int64_t numel = 0;
-  // The first stage of the forward that uses it, as the trainer forms
-  // stages: 0 the embeddings, 1 + i block i, layers + 1 the head (the final
-  // norm and an untied output layer; a tied one is the token embedding,
-  // whose stage is 0).
+  // The first stage of the forward that uses it (ModelStages); a tied
+  // output layer is the token embedding, whose pieces' stages are the
+  // embeddings'.
   int stage = 0;
 };
 
@@ -130,14 +182,13 @@ struct ParameterShape {
 // lay out chunks exactly as the chunk manager will without LibTorch.
 std::vector<ParameterShape> ModelParameterShapes(const ModelConfig& config, int tensor_ranks = 1);
 
-// The step's stages as the trainer forms them -- 0 the embeddings, 1 + i
-// block i, layers + 1 the head -- each with the parameters it computes with
-// (indices into `shapes`, ModelParameterShapes' list): every parameter in
-// its own stage, and a tied output layer (the token embedding, wte.weight)
-// in the head's too, last. Lets the daemon see each stage's chunks as the
-// chunk manager will.
+// The step's stages (ModelStages) each with the parameters it computes with
+// (indices into `shapes`, ModelParameterShapes' list for `tensor_ranks`):
+// every parameter in its own stage, and each piece of a tied output layer
+// (the token embedding) in its head stage too, last. Lets the daemon see
+// each stage's chunks as the chunk manager will.
 std::vector<std::vector<int>> ModelStageParameters(const ModelConfig& config,
-                                                   const std::vector<ParameterShape>& shapes);
+                                                   const std::vector<ParameterShape>& shapes, int tensor_ranks = 1);
 
 // How tensor parallelism splits parameter `name` (the whole model's
 // layout): along `dim` (0: rows, 1: columns; -1: whole on every rank), each

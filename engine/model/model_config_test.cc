@@ -76,8 +76,12 @@ TEST(ModelConfigTest, LlamaShapesAddUpAndSplitAcrossRanks) {
     EXPECT_EQ(whole, c.ParameterCount()) << name;
     EXPECT_EQ(halves, whole) << name;
     const std::vector<ParameterShape> shapes = ModelParameterShapes(c);
-    EXPECT_EQ(shapes.back().name, c.tied ? "ln_f.weight" : "lm_head.weight") << name;
-    EXPECT_EQ(shapes.back().stage, c.layers + 1) << name;
+    const ModelStages stages = StagesOf(c);
+    EXPECT_EQ(stages.pieces, name == std::string("llama-3.1-8b") ? 8 : 1) << name;
+    EXPECT_EQ(shapes.back().name,
+              c.tied ? "ln_f.weight" : VocabPieceName("lm_head.weight", stages.pieces, stages.pieces - 1))
+        << name;
+    EXPECT_EQ(shapes.back().stage, stages.count() - 1) << name;
     for (const ParameterShape& p : shapes) {
       EXPECT_EQ(p.name.find("wpe"), std::string::npos) << name << ": rotary positions have no table";
       EXPECT_EQ(p.name.find("ln_1.bias"), std::string::npos) << name << ": RMSNorm has no bias";
@@ -104,8 +108,11 @@ TEST(ModelConfigTest, ParameterShapesAddUpToTheCountAndSplitAcrossRanks) {
     int64_t whole = 0;
     for (const ParameterShape& p : ModelParameterShapes(c)) whole += p.numel;
     EXPECT_EQ(whole, c.ParameterCount()) << name;
-    ASSERT_EQ(ModelParameterShapes(c).size(), static_cast<size_t>(2 + 12 * c.layers + 2)) << name;
-    EXPECT_EQ(ModelParameterShapes(c).back().stage, c.layers + 1) << name;
+    // gpt2-xl's 80 M-element embedding is kept in two pieces (VocabPieces).
+    const int pieces = StagesOf(c).pieces;
+    EXPECT_EQ(pieces, name == "gpt2-xl" ? 2 : 1) << name;
+    ASSERT_EQ(ModelParameterShapes(c).size(), static_cast<size_t>(pieces + 1 + 12 * c.layers + 2)) << name;
+    EXPECT_EQ(ModelParameterShapes(c).back().stage, StagesOf(c).head()) << name;
   }
   // T = 4 ranks of gpt2-tiny: the split matrices and the embedding rows
   // shrink four times, norms, wpe and row-parallel biases stay whole.

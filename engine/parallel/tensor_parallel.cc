@@ -175,12 +175,38 @@ void RowParallelLinearImpl::LoadShard(const at::Tensor& full_weight, const at::T
   if (bias.defined()) bias.copy_(full_bias);
 }
 
-VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm)
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm,
+                                                       const std::vector<int64_t>& piece_rows)
     : comm_(comm), rows_(ShardOf(vocab, *comm)) {
-  weight = register_parameter("weight", at::zeros({rows_.size(), dim}));
+  if (piece_rows.size() <= 1) {
+    weight = register_parameter("weight", at::zeros({rows_.size(), dim}));
+    pieces.push_back(weight);
+    piece_rows_.push_back({0, rows_.size()});
+    return;
+  }
+  TORCH_CHECK(comm->size() == 1, "vocabulary pieces need a tensor group of one");
+  int64_t begin = 0;
+  for (size_t k = 0; k < piece_rows.size(); ++k) {
+    pieces.push_back(register_parameter(absl::StrCat("weight_", k), at::zeros({piece_rows[k], dim})));
+    piece_rows_.push_back({begin, begin + piece_rows[k]});
+    begin += piece_rows[k];
+  }
+  TORCH_CHECK(begin == vocab, "vocabulary pieces of ", begin, " rows for a vocabulary of ", vocab);
+}
+
+at::Tensor VocabParallelEmbeddingImpl::LookupPiece(int k, const at::Tensor& ids) {
+  const Shard rows = piece_rows(k);
+  const at::Tensor mine = ids.ge(rows.begin).logical_and(ids.lt(rows.end));
+  const at::Tensor local = (ids - rows.begin).masked_fill(mine.logical_not(), 0);
+  return at::embedding(pieces.at(static_cast<size_t>(k)), local).mul(mine.unsqueeze(-1));
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  if (pieces.size() > 1) {
+    at::Tensor x = LookupPiece(0, ids);
+    for (int k = 1; k < piece_count(); ++k) x = x + LookupPiece(k, ids);
+    return x;
+  }
   if (comm_->size() == 1) return at::embedding(weight, ids);
   const at::Tensor mine = ids.ge(rows_.begin).logical_and(ids.lt(rows_.end));
   const at::Tensor local = (ids - rows_.begin).masked_fill(mine.logical_not(), 0);
@@ -190,7 +216,10 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
 
 void VocabParallelEmbeddingImpl::LoadShard(const at::Tensor& full_weight) {
   at::NoGradGuard no_grad;
-  weight.copy_(full_weight.narrow(0, rows_.begin, rows_.size()));
+  for (int k = 0; k < piece_count(); ++k) {
+    const Shard rows = piece_rows(k);
+    pieces[static_cast<size_t>(k)].copy_(full_weight.narrow(0, rows_.begin + rows.begin, rows.size()));
+  }
 }
 
 at::Tensor VocabParallelCrossEntropy(const at::Tensor& local_logits, const at::Tensor& targets, Communicator* comm) {

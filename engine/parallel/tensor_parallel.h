@@ -92,18 +92,32 @@ TORCH_MODULE(RowParallelLinear);
 // An embedding whose vocabulary rows are split across ranks: each rank looks
 // up the ids it holds, zeroes the rest, and the partial results are
 // all-reduced.
+//
+// In a group of one the rows may instead be kept in pieces (`piece_rows`,
+// the rows of each, in order; see VocabPieces in model_config.h): parameters
+// "weight_0", "weight_1", ... instead of "weight", each looked up on its own.
 class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
-  VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm);
+  VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Communicator* comm,
+                             const std::vector<int64_t>& piece_rows = {});
   at::Tensor forward(const at::Tensor& ids);
   void LoadShard(const at::Tensor& full_weight);
   const Shard& rows() const { return rows_; }
 
-  at::Tensor weight;  // [vocab / T, dim]
+  // The pieces: one (`weight`) unless the rows are kept in pieces.
+  int piece_count() const { return static_cast<int>(pieces.size()); }
+  // The rows piece `k` holds, of this rank's.
+  Shard piece_rows(int k) const { return piece_rows_.at(static_cast<size_t>(k)); }
+  // The ids' rows of piece `k` ([..., dim]), zero for the ids it does not hold.
+  at::Tensor LookupPiece(int k, const at::Tensor& ids);
+
+  at::Tensor weight;               // [vocab / T, dim]; undefined with several pieces
+  std::vector<at::Tensor> pieces;  // weight, or its pieces
 
  private:
   Communicator* comm_;
   Shard rows_;
+  std::vector<Shard> piece_rows_;
 };
 TORCH_MODULE(VocabParallelEmbedding);
 

@@ -2,7 +2,8 @@
 // does: for each family (GPT-2's learned positions, Llama's rotary ones and
 // grouped queries, Qwen2's biases, Qwen3's q/k norms), through the chunks
 // and with the whole model on the device, the same greedy tokens and, one
-// position at a time, the same logits as a whole forward over the window.
+// position at a time, the same logits as a whole forward over the window;
+// with the vocabulary in pieces (VocabPieces) too.
 
 #include <gtest/gtest.h>
 
@@ -41,17 +42,20 @@ class Quiet : public TrainingObserver {
 };
 
 // A small model of `preset` with 32 positions, trained a few steps: its
-// checkpoint and its weights as a Hugging Face file.
+// checkpoint and its weights as a Hugging Face file. "PRESET/pieces": with
+// its vocabulary in pieces of 64 rows.
 struct Trained {
   ModelConfig config;
   CheckpointContents checkpoint;
   std::string weights;
 };
 
-Trained Train(const std::string& preset) {
+Trained Train(const std::string& param) {
+  const std::string preset = param.substr(0, param.find('/'));
   Trained t;
   t.config = *ModelPreset(preset);
   t.config.seq_len = 32;
+  if (preset != param) t.config.vocab_piece_rows = 64;
   SimulatedDevice device(kAmple);
   EngineOptions engine;
   engine.device = &device;
@@ -73,7 +77,7 @@ Trained Train(const std::string& preset) {
   if (tensors.ok()) {
     EXPECT_TRUE(SerializeSafetensors(*tensors, {{"format", "pt"}}, &bytes).ok());
   }
-  t.weights = ::testing::TempDir() + "/kv_cache_" + preset + ".safetensors";
+  t.weights = ::testing::TempDir() + "/kv_cache_" + preset + (preset != param ? "_pieces" : "") + ".safetensors";
   std::ofstream(t.weights, std::ios::binary) << bytes;
   return t;
 }
@@ -161,11 +165,12 @@ TEST_P(KvCacheTest, AStopTokenEndsGeneration) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KvCacheTest,
-                         ::testing::Values("gpt2-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"),
+                         ::testing::Values("gpt2-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny", "gpt2-tiny/pieces",
+                                           "llama-tiny/pieces"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
-                             if (c == '-') c = '_';
+                             if (c == '-' || c == '/') c = '_';
                            }
                            return name;
                          });

@@ -1,5 +1,6 @@
 #include "engine/train/restore.h"
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -29,6 +30,26 @@ absl::Status CheckRestoring(const MemoryDevice* device, int tensor_rank, int ten
     return absl::InvalidArgumentError(absl::StrCat("tensor rank ", tensor_rank, " of ", tensor_ranks));
   }
   return absl::OkStatus();
+}
+
+// The vocabulary's pieces (VocabPieces) joined into the tensors they are
+// rows of, in the first one's place.
+NamedTensors JoinVocabPieces(NamedTensors named) {
+  NamedTensors joined;
+  for (size_t i = 0; i < named.size();) {
+    std::string base, next;
+    int k = 0;
+    if (!ParseVocabPiece(named[i].first, &base, &k)) {
+      joined.push_back(std::move(named[i++]));
+      continue;
+    }
+    std::vector<at::Tensor> rows;
+    while (i < named.size() && ParseVocabPiece(named[i].first, &next, &k) && next == base) {
+      rows.push_back(std::move(named[i++].second));
+    }
+    joined.emplace_back(base, at::cat(rows, 0));
+  }
+  return joined;
 }
 
 // One rank's parameters from its checkpoint; `data`, when set, is the group
@@ -65,7 +86,7 @@ absl::StatusOr<NamedTensors> RestoreRank(const ModelConfig& model, const TrainOp
       }
     }
     RETURN_IF_ERROR(restored);
-    named = (*engine)->NamedParameterValues();
+    named = JoinVocabPieces((*engine)->NamedParameterValues());
     return absl::OkStatus();
   }));
   return named;

@@ -25,7 +25,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // (`checkpoint.files`' "rank<world_rank>.*"), restored through the chunks
 // training keeps them in (so `options` and `memory` must be the training's:
 // its precision and chunk settings give the layout), named as GptImpl names
-// them, on the CPU. With `tensor_ranks` > 1 they are tensor rank
+// them -- with a vocabulary kept in pieces (VocabPieces) joined into the
+// whole "wte.weight" (and "lm_head.weight") -- on the CPU. With `tensor_ranks` > 1 they are tensor rank
 // `tensor_rank`'s shards (see TensorParallelPart). Runs no collectives;
 // nothing goes onto `device` (any device: the chunks' host copies hold the
 // values). INVALID_ARGUMENT when the checkpoint is of another model,

@@ -214,7 +214,6 @@ absl::StatusOr<std::unique_ptr<ChunkedEngine>> ChunkedEngine::Create(Gpt model, 
 
 absl::Status ChunkedEngine::Step(const torch::Tensor& inputs, const torch::Tensor& targets, int micro_batches,
                                  double lr, double* loss, double* grad_norm) {
-  GptImpl& gpt = *model_;
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   used_scale_ = scale;
   MicroBatches micro(model_.get(), micro_batches, inputs.size(0), device_->compute_device());
@@ -228,22 +227,11 @@ absl::Status ChunkedEngine::Step(const torch::Tensor& inputs, const torch::Tenso
     micro.Enter(m);
     const Clock::time_point start = Clock::now();
     const torch::Tensor micro_targets = micro.Rows(targets, m);
-    torch::Tensor x =
-        manager_->RunStage(0, micro.Rows(inputs, m), [&](const torch::Tensor& t) { return gpt.Embed(t); });
-    for (int64_t i = 0; i < gpt.block_count(); ++i) {
-      // By value: a recomputing block runs this again in the backward.
-      GptImpl* model = &gpt;
-      x = manager_->RunStage(static_cast<int>(1 + i), x,
-                             [model, i](const torch::Tensor& t) { return model->block(i).forward(t); });
-    }
-    torch::Tensor l = manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x, [&](const torch::Tensor& t) {
-      return gpt.HeadLoss(t, micro_targets);
-    });
+    torch::Tensor l = Forward(micro.Rows(inputs, m), LossHead(micro_targets));
     loss_sum += l.item<double>();
     const Clock::time_point forward_end = Clock::now();
     (backward_scale != 1.0 ? l * backward_scale : l).backward();
     l = torch::Tensor();
-    x = torch::Tensor();
     RETURN_IF_ERROR(manager_->FinishBackward());
     backward_end = Clock::now();
     forward_seconds += Seconds(start, forward_end);
@@ -274,13 +262,16 @@ absl::Status ChunkedEngine::Step(const torch::Tensor& inputs, const torch::Tenso
   times_.optimizer = Seconds(backward_end, Clock::now()) + stats_.update_wait_seconds;
   times_.transfers = stats_.transfer_seconds;
   times_.disk = stats_.disk_wait_seconds;
-  observer_->OnPlacement(manager_->Placement());
+  PlacementReport placement = manager_->Placement();
+  for (int stage : placement.recomputed_stages) {
+    placement.recomputed_blocks.push_back(static_cast<int>(stages_.BlockOf(stage)));
+  }
+  observer_->OnPlacement(placement);
   return absl::OkStatus();
 }
 
 double ChunkedEngine::Evaluate(const torch::Tensor& inputs, const torch::Tensor& targets) {
-  double loss = EvalForward(inputs, [&](const torch::Tensor& x) { return model_->HeadLoss(x, targets); })
-                    .item<double>();
+  double loss = EvalForward(inputs, LossHead(targets)).item<double>();
   if (groups_.data != nullptr && groups_.data->size() > 1) {
     at::Tensor sum = at::full({1}, loss, at::kDouble);
     groups_.data->AllReduce(sum);
@@ -303,8 +294,9 @@ void ChunkedEngine::Report(StepReport* report) {
   report->loss_scale = used_scale_;
   report->skipped = skipped_;
   report->skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
-  // Stage 1 + i is block i.
-  for (int stage : stats_.recomputed_stages) report->recomputed_blocks.push_back(stage - 1);
+  for (int stage : stats_.recomputed_stages) {
+    report->recomputed_blocks.push_back(static_cast<int>(stages_.BlockOf(stage)));
+  }
 }
 
 std::string ChunkedEngine::ExplainOutOfMemory(const std::string& what) const {
@@ -351,11 +343,53 @@ absl::Status ChunkedEngine::RestoreState(const std::string& prefix, const Checkp
 }
 
 at::Tensor ChunkedEngine::LastLogits(const torch::Tensor& tokens, KvCache* cache) {
-  return EvalForward(tokens, [&](const torch::Tensor& x) { return model_->LastLogits(x); }, cache);
+  return EvalForward(tokens, LogitsHead(), cache);
 }
 
-at::Tensor ChunkedEngine::EvalForward(const torch::Tensor& tokens,
-                                      const std::function<at::Tensor(const at::Tensor&)>& head, KvCache* cache) {
+ChunkedEngine::Head ChunkedEngine::LossHead(const torch::Tensor& targets) {
+  GptImpl* gpt = model_.get();
+  return {[gpt, targets](const at::Tensor& x) { return gpt->HeadLoss(x, targets); },
+          [gpt](const at::Tensor& x) { return gpt->HeadNorm(x); },
+          [gpt, targets](int k, const at::Tensor& normed) { return gpt->HeadPieceStats(k, normed, targets); },
+          [gpt](const std::vector<at::Tensor>& stats) { return gpt->CombineHeadStats(stats); }};
+}
+
+ChunkedEngine::Head ChunkedEngine::LogitsHead() {
+  GptImpl* gpt = model_.get();
+  return {[gpt](const at::Tensor& x) { return gpt->LastLogits(x); },
+          [gpt](const at::Tensor& x) { return gpt->HeadNorm(x.select(1, x.size(1) - 1)); },
+          [gpt](int k, const at::Tensor& normed) { return gpt->PieceLogits(k, normed); },
+          [](const std::vector<at::Tensor>& logits) { return at::cat(logits, -1); }};
+}
+
+at::Tensor ChunkedEngine::Forward(const torch::Tensor& tokens, const Head& head, KvCache* cache) {
+  GptImpl* gpt = model_.get();
+  const int64_t first = cache != nullptr ? cache->positions() : 0;
+  if (cache != nullptr) cache->layers.resize(static_cast<size_t>(gpt->block_count()));
+  torch::Tensor x = manager_->RunStage(stages_.embed(0), tokens,
+                                       [&](const torch::Tensor& t) { return gpt->EmbedPiece(0, t, {}, first); });
+  for (int k = 1; k < stages_.pieces; ++k) {
+    x = manager_->RunStage(stages_.embed(k), x,
+                           [&](const torch::Tensor& t) { return gpt->EmbedPiece(k, tokens, t, first); });
+  }
+  for (int64_t i = 0; i < gpt->block_count(); ++i) {
+    // By value: a recomputing block runs this again in the backward.
+    KvCacheLayer* layer = cache != nullptr ? &cache->layers[static_cast<size_t>(i)] : nullptr;
+    x = manager_->RunStage(stages_.block(i), x,
+                           [gpt, i, layer](const torch::Tensor& t) { return gpt->block(i).forward(t, layer); });
+  }
+  if (stages_.pieces == 1) return manager_->RunStage(stages_.head(), x, head.whole);
+  const torch::Tensor normed = manager_->RunStage(stages_.head(), x, head.norm);
+  x = torch::Tensor();
+  std::vector<at::Tensor> parts;
+  for (int k = 0; k < stages_.pieces; ++k) {
+    parts.push_back(
+        manager_->RunStage(stages_.head_piece(k), normed, [&](const torch::Tensor& t) { return head.piece(k, t); }));
+  }
+  return head.combine(parts);
+}
+
+at::Tensor ChunkedEngine::EvalForward(const torch::Tensor& tokens, const Head& head, KvCache* cache) {
   GptImpl& gpt = *model_;
   gpt.eval();
   manager_->BeginEval();
@@ -363,15 +397,7 @@ at::Tensor ChunkedEngine::EvalForward(const torch::Tensor& tokens,
     manager_->EndEval();
     gpt.train();
   });
-  const int64_t first = cache != nullptr ? cache->positions() : 0;
-  if (cache != nullptr) cache->layers.resize(static_cast<size_t>(gpt.block_count()));
-  torch::Tensor x = manager_->RunStage(0, tokens, [&](const torch::Tensor& t) { return gpt.Embed(t, first); });
-  for (int64_t i = 0; i < gpt.block_count(); ++i) {
-    KvCacheLayer* layer = cache != nullptr ? &cache->layers[static_cast<size_t>(i)] : nullptr;
-    x = manager_->RunStage(static_cast<int>(1 + i), x,
-                           [&](const torch::Tensor& t) { return gpt.block(i).forward(t, layer); });
-  }
-  return manager_->RunStage(static_cast<int>(gpt.block_count() + 1), x, head);
+  return Forward(tokens, head, cache);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ChunkedEngine::NamedParameterValues() const {
@@ -384,7 +410,12 @@ std::vector<std::pair<std::string, at::Tensor>> ChunkedEngine::NamedParameterVal
 
 ChunkedEngine::ChunkedEngine(Gpt model, const TrainOptions& train, MemoryDevice* device, ManagerGroups groups,
                              TrainingObserver* observer)
-    : model_(std::move(model)), train_(train), device_(device), groups_(groups), observer_(observer) {}
+    : model_(std::move(model)),
+      stages_(StagesOf(model_->config(), model_->tensor_group().size())),
+      train_(train),
+      device_(device),
+      groups_(groups),
+      observer_(observer) {}
 
 absl::Status ChunkedEngine::Init(MemoryOptions memory) {
   memory.micro_batches = static_cast<int>(train_.grad_accum_steps);
@@ -406,16 +437,23 @@ absl::Status ChunkedEngine::Init(MemoryOptions memory) {
       params[i].init_scratch_bytes = model_->InitialValueScratchBytes(i);
     }
   }
-  // Stages as the model's shapes say (the embeddings, each block, the
-  // head); a tied output layer is the embedding's weight, used by both.
+  // Stages as the model's shapes say (ModelStages: the embeddings, each
+  // block, the head); a tied output layer is the embedding's weight, used by
+  // both.
+  const int tensor_ranks = model_->tensor_group().size();
   std::vector<StageParams> stages;
-  stages.push_back({"embed", {}});
-  for (int64_t i = 0; i < model_->block_count(); ++i) {
-    stages.push_back({absl::StrCat("h.", i), {}, /*recomputable=*/true});
+  for (int s = 0; s < stages_.count(); ++s) {
+    const int64_t block = stages_.BlockOf(s);
+    if (block >= 0) {
+      stages.push_back({absl::StrCat("h.", block), {}, /*recomputable=*/true});
+    } else if (s < stages_.block(0)) {
+      stages.push_back({stages_.pieces == 1 ? std::string("embed") : absl::StrCat("embed.", s), {}});
+    } else {
+      stages.push_back({s == stages_.head() ? std::string("head") : absl::StrCat("head.", s - stages_.head() - 1), {}});
+    }
   }
-  stages.push_back({"head", {}});
-  const std::vector<ParameterShape> shapes = ModelParameterShapes(model_->config());
-  const std::vector<std::vector<int>> uses = ModelStageParameters(model_->config(), shapes);
+  const std::vector<ParameterShape> shapes = ModelParameterShapes(model_->config(), tensor_ranks);
+  const std::vector<std::vector<int>> uses = ModelStageParameters(model_->config(), shapes, tensor_ranks);
   for (size_t s = 0; s < uses.size(); ++s) {
     for (int i : uses[s]) stages.at(s).params.push_back(index.at(shapes[static_cast<size_t>(i)].name));
   }

@@ -95,13 +95,28 @@ class ChunkedEngine : public StepEngine {
 
   absl::Status Init(MemoryOptions memory);
 
-  // The forward in evaluation mode (no dropout, no gradients), each stage's
-  // chunks fetched as it needs them; `head` runs as the last stage. With
-  // `cache`, of the positions after its.
-  at::Tensor EvalForward(const torch::Tensor& tokens, const std::function<at::Tensor(const at::Tensor&)>& head,
-                         KvCache* cache = nullptr);
+  // What the head's stages compute (ModelStages): with one vocabulary piece
+  // `whole` is the head stage; with several, `norm` is the first and
+  // `piece` each piece's, whose results `combine` joins.
+  struct Head {
+    std::function<at::Tensor(const at::Tensor&)> whole;
+    std::function<at::Tensor(const at::Tensor&)> norm;
+    std::function<at::Tensor(int, const at::Tensor&)> piece;
+    std::function<at::Tensor(const std::vector<at::Tensor>&)> combine;
+  };
+  // The loss against `targets`; the fp32 logits of each row's last position.
+  Head LossHead(const torch::Tensor& targets);
+  Head LogitsHead();
+
+  // The forward stage by stage, each stage's chunks fetched as it needs
+  // them: the embeddings' pieces, the blocks, the head's stages. With
+  // `cache` (evaluation only), of the positions after its.
+  at::Tensor Forward(const torch::Tensor& tokens, const Head& head, KvCache* cache = nullptr);
+  // Forward() in evaluation mode (no dropout, no gradients).
+  at::Tensor EvalForward(const torch::Tensor& tokens, const Head& head, KvCache* cache = nullptr);
 
   Gpt model_;
+  ModelStages stages_;
   TrainOptions train_;
   MemoryDevice* device_;
   ManagerGroups groups_;

@@ -739,6 +739,71 @@ TEST(TrainerTest, ABudgetTooSmallForOneStepFailsWithTheNumbers) {
   EXPECT_NE(run->status.message().find("memory.device_budget"), std::string::npos) << run->status;
 }
 
+// A large vocabulary kept in pieces (VocabPieces) -- tied (GPT-2) and
+// untied (the Llama family) -- trains as the whole one does, chunked and in
+// the plain loop, and needs far less of the device: each piece's weights,
+// gradients and logits are on it in turn. Where the whole vocabulary's head
+// cannot fit, the pieces train, offloaded, bit for bit as with room to
+// spare, and resume from a checkpoint bit for bit.
+TEST(TrainerTest, AVocabularyInPiecesTrainsAsTheWholeOneInLessOfTheDevice) {
+  for (const char* family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family);
+    ModelConfig whole = *ModelFamily(family);
+    whole.layers = 2;
+    whole.hidden = 64;
+    whole.heads = 4;
+    whole.vocab_size = 4096;
+    whole.seq_len = 32;
+    ModelConfig pieces = whole;
+    pieces.vocab_piece_rows = 512;
+    ASSERT_EQ(VocabPieces(pieces), 8);
+    auto train = [&](const ModelConfig& model, uint64_t capacity, std::optional<MemoryOptions> memory,
+                     EngineOptions engine = {}) {
+      auto run = std::make_unique<TrainRun>();
+      SimulatedDevice device(capacity);
+      engine.device = &device;
+      engine.memory = memory;
+      auto data = std::make_unique<SyntheticSource>(4096, 2, 1, 1);
+      run->status = Trainer(model, Quick(4), engine, std::move(data), &run->observer).Run();
+      return run;
+    };
+    auto a = train(whole, kAmple, MemoryOptions());
+    auto b = train(pieces, kAmple, MemoryOptions());
+    auto plain = train(pieces, kAmple, std::nullopt);
+    ASSERT_TRUE(a->status.ok() && b->status.ok() && plain->status.ok()) << a->status << b->status << plain->status;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(b->observer.Losses()[i], a->observer.Losses()[i], 1e-5) << i;
+      EXPECT_NEAR(b->observer.Losses()[i], plain->observer.Losses()[i], 1e-5) << i;
+    }
+    const uint64_t need_whole = PlannedNeed(a->observer.placement, false);
+    const uint64_t need_pieces = PlannedNeed(b->observer.placement, false);
+    EXPECT_LT(2 * need_pieces, need_whole);
+    const uint64_t budget = need_pieces * 6 / 5;
+    auto tight = train(pieces, budget, MemoryOptions());
+    ASSERT_TRUE(tight->status.ok()) << tight->status;
+    EXPECT_EQ(tight->observer.Losses(), b->observer.Losses());
+    EXPECT_GT(tight->observer.reports.back().memory_stats.host_to_device_bytes, 0u) << "chunks move";
+    auto refused = train(whole, budget, MemoryOptions());
+    EXPECT_EQ(refused->status.code(), absl::StatusCode::kResourceExhausted) << refused->status;
+
+    std::map<int64_t, CheckpointContents> saved;
+    EngineOptions saving;
+    saving.checkpoint_every_steps = 2;
+    saving.on_checkpoint = [&](CheckpointContents c, double) {
+      saved[c.step] = c;
+      return absl::OkStatus();
+    };
+    auto first = train(pieces, budget, MemoryOptions(), saving);
+    ASSERT_TRUE(first->status.ok()) << first->status;
+    ASSERT_EQ(saved.count(2), 1u);
+    EngineOptions resuming;
+    resuming.resume = &saved[2];
+    auto resumed = train(pieces, budget, MemoryOptions(), resuming);
+    ASSERT_TRUE(resumed->status.ok()) << resumed->status;
+    ExpectSameSteps(first->observer.reports, 2, resumed->observer.reports);
+  }
+}
+
 // GPT-2 small in bf16 on a 256 MiB device: the whole model's data (about
 // 2 GiB) lives on the host and streams; the warm-up, which fetches every
 // period's chunks just before it, and the steady steps after it must fit the

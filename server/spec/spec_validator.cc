@@ -396,7 +396,7 @@ absl::StatusOr<RankChunks> LayRankChunks(const JobSpec& spec) {
 PlanInput DevicePlanInput(const RankChunks& chunks, const JobSpec& spec, uint64_t limit_bytes) {
   // Stages as the trainer forms them, each period's chunks those of its
   // stage's parameters.
-  const std::vector<std::vector<int>> uses = ModelStageParameters(chunks.config, chunks.shapes);
+  const std::vector<std::vector<int>> uses = ModelStageParameters(chunks.config, chunks.shapes, chunks.tensor);
   const int stages = static_cast<int>(uses.size());
   PlanInput in;
   in.limit_bytes = limit_bytes;
@@ -459,10 +459,7 @@ void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machi
   const int period = least.binding_period;
   const int stages = in.forward_periods;
   const int stage = period < stages ? period : 2 * stages - 1 - period;
-  const int64_t layers = spec.model().layers();
-  const std::string stage_name = stage == 0                 ? std::string("the embeddings")
-                                 : stage == layers + 1      ? std::string("the head")
-                                                            : absl::StrCat("block ", stage - 1);
+  const std::string stage_name = StagesOf(chunks.config, chunks.tensor).Describe(stage);
   uint64_t largest_chunk = 0;
   for (uint64_t bytes : in.param_bytes) largest_chunk = std::max(largest_chunk, bytes);
   const uint64_t need = least.need_bytes[static_cast<size_t>(period)];

@@ -385,15 +385,18 @@ TEST(SpecValidatorTest, TheLlamaFineTuningExampleIsAValidJob) {
   machine.check_files = false;  // no weights here; the folder's check has its own test
   EXPECT_TRUE(ValidateSpec(*spec, machine).ok()) << ValidateSpec(*spec, machine);
 
-  // At 1 GiB its step cannot run: the tied embedding (128256 x 2048, 501 MiB
-  // in bf16) is a chunk of its own, and the head's backward needs its
-  // weights and their gradient on the device at once. Said at submit, not
-  // after the model is built.
+  // At 1 GiB too: the tied embedding (128256 x 2048, 501 MiB in bf16) is
+  // kept in four pieces, each with a stage of its own (VocabPieces), so no
+  // step needs the whole matrix and its gradient on the device at once.
   spec->mutable_memory()->set_device_budget(1 * kGiB);
+  EXPECT_TRUE(ValidateSpec(*spec, machine).ok()) << ValidateSpec(*spec, machine);
+  // At 192 MiB a block's backward cannot run: said at submit, not after the
+  // model is built.
+  spec->mutable_memory()->set_device_budget(192 << 20);
   const absl::Status small = ValidateSpec(*spec, machine);
   EXPECT_EQ(small.code(), absl::StatusCode::kFailedPrecondition) << small;
-  for (const char* part : {"memory.device_budget: the step cannot fit the device's 1.00 GiB",
-                           "the backward of the head needs 1002", "raise memory.device_budget to well above 1.03 GiB"}) {
+  for (const char* part : {"memory.device_budget: the step cannot fit the device's 192.00 MiB",
+                           "the backward of block", "raise memory.device_budget to well above"}) {
     EXPECT_NE(small.message().find(part), std::string::npos) << part << " not in " << small;
   }
 }

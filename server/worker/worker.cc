@@ -217,8 +217,7 @@ class Reporter : public TrainingObserver {
     out->set_planned_disk_bytes(r.planned_disk_bytes);
     out->set_planned_disk_read_bytes(r.planned_disk_read_bytes);
     out->set_planned_disk_write_bytes(r.planned_disk_write_bytes);
-    // Stage 1 + i is block i.
-    for (int stage : r.recomputed_stages) out->add_recomputed_blocks(static_cast<uint32_t>(stage - 1));
+    for (int block : r.recomputed_blocks) out->add_recomputed_blocks(static_cast<uint32_t>(block));
     // By tier (device, host, disk) and kind.
     uint64_t totals[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
     for (const PayloadReport& p : r.payloads) {
