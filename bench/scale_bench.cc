@@ -147,16 +147,10 @@ Result RunJob(const Job& job) {
 
 // Whether the job's bf16 products run in bf16 (rather than in fp32).
 bool NativeBf16(const Job& job) {
-  if (job.precision != TrainOptions::Precision::kBf16) return false;
-  switch (job.bf16_matmul) {
-    case TrainOptions::CpuBf16Matmul::kNative:
-      return true;
-    case TrainOptions::CpuBf16Matmul::kFp32:
-      return false;
-    case TrainOptions::CpuBf16Matmul::kAuto:
-      break;
-  }
-  return CpuHasBf16Arithmetic();
+  TrainOptions options;
+  options.precision = job.precision;
+  options.cpu_bf16_matmul = job.bf16_matmul;
+  return NativeCpuBf16Products(options);
 }
 
 const char* MatmulName(const Job& job) {

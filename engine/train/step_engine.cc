@@ -18,7 +18,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/cpu_generator.h"
-#include "engine/common/host_info.h"
 #include "engine/common/status_macros.h"
 
 namespace ferry {
@@ -35,20 +34,6 @@ uint64_t TensorBytes(const torch::Tensor& t) {
 }
 
 bool Decays(const torch::Tensor& p) { return p.dim() >= 2; }
-
-// Whether bf16 matrix products compute natively on the CPU.
-bool NativeCpuBf16(const TrainOptions& train, c10::ScalarType dtype) {
-  if (dtype != at::kBFloat16) return false;
-  switch (train.cpu_bf16_matmul) {
-    case TrainOptions::CpuBf16Matmul::kNative:
-      return true;
-    case TrainOptions::CpuBf16Matmul::kFp32:
-      return false;
-    case TrainOptions::CpuBf16Matmul::kAuto:
-      break;
-  }
-  return CpuHasBf16Arithmetic();
-}
 
 // Gradient accumulation: which rows of a rank's share of the batch each
 // micro-batch takes (consecutive ranges, in order), and the dropout masks it
@@ -483,7 +468,7 @@ absl::Status ChunkedEngine::Init(MemoryOptions memory) {
   // fast kernels for them: CUDA, and for bf16 a CPU that multiplies bf16.
   ComputeMode mode = model_->compute_mode();
   mode.dtype = optimizer.param_dtype;
-  mode.upcast = device_->compute_device().is_cpu() && !NativeCpuBf16(train_, mode.dtype);
+  mode.upcast = device_->compute_device().is_cpu() && !(mode.dtype == at::kBFloat16 && NativeCpuBf16Products(train_));
   model_->SetComputeMode(mode);
   if (device_->compute_device().is_cpu() && mode.dtype == at::kBFloat16) {
     observer_->OnLog(LogLevel::kInfo,

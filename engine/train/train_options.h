@@ -64,4 +64,9 @@ struct TrainOptions {
   int64_t loss_scale_growth_interval = 1000;
 };
 
+// Whether bf16 training's matrix products compute natively in bf16 on the
+// CPU: as cpu_bf16_matmul says, auto where the CPU multiplies bf16. False
+// for any other precision.
+bool NativeCpuBf16Products(const TrainOptions& options);
+
 }  // namespace ferry

@@ -27,7 +27,6 @@ JobEngineSetup SetUpJobEngine(const ferry::v1::JobSpec& spec, EngineUse use, con
   setup.model = ToModelConfig(spec.model());
   setup.train = ToTrainOptions(spec.train());
   setup.memory = ToMemoryOptions(spec);
-  setup.memory.micro_batches = static_cast<int>(std::max<int64_t>(1, setup.train.grad_accum_steps));
   MemoryOptions& memory = setup.memory;
   if (use == EngineUse::kRead) {
     memory.host_budget_bytes = 0;
