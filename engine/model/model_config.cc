@@ -224,6 +224,12 @@ std::string ModelStages::Describe(int stage) const {
   return "the head";
 }
 
+std::string ModelStages::Name(int stage) const {
+  if (stage < pieces) return pieces == 1 ? std::string("embed") : absl::StrCat("embed.", stage);
+  if (stage < head()) return absl::StrCat("h.", stage - pieces);
+  return stage == head() ? std::string("head") : absl::StrCat("head.", stage - head() - 1);
+}
+
 ModelStages StagesOf(const ModelConfig& config, int tensor_ranks) {
   ModelStages s;
   s.pieces = VocabPieces(config, tensor_ranks);

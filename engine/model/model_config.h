@@ -159,6 +159,9 @@ struct ModelStages {
   int64_t BlockOf(int stage) const { return stage >= pieces && stage < head() ? stage - pieces : -1; }
   // "the embeddings", "block 3", "the head".
   std::string Describe(int stage) const;
+  // The chunk manager's name of a stage: "embed" (or "embed.K" for piece
+  // K), "h.3", "head" (the final norm, then "head.K").
+  std::string Name(int stage) const;
 };
 ModelStages StagesOf(const ModelConfig& config, int tensor_ranks = 1);
 

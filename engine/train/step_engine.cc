@@ -248,9 +248,7 @@ absl::Status ChunkedEngine::Step(const torch::Tensor& inputs, const torch::Tenso
   times_.transfers = stats_.transfer_seconds;
   times_.disk = stats_.disk_wait_seconds;
   PlacementReport placement = manager_->Placement();
-  for (int stage : placement.recomputed_stages) {
-    placement.recomputed_blocks.push_back(static_cast<int>(stages_.BlockOf(stage)));
-  }
+  placement.recomputed_blocks = BlocksOf(placement.recomputed_stages);
   observer_->OnPlacement(placement);
   return absl::OkStatus();
 }
@@ -279,9 +277,7 @@ void ChunkedEngine::Report(StepReport* report) {
   report->loss_scale = used_scale_;
   report->skipped = skipped_;
   report->skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
-  for (int stage : stats_.recomputed_stages) {
-    report->recomputed_blocks.push_back(static_cast<int>(stages_.BlockOf(stage)));
-  }
+  report->recomputed_blocks = BlocksOf(stats_.recomputed_stages);
 }
 
 std::string ChunkedEngine::ExplainOutOfMemory(const std::string& what) const {
@@ -325,6 +321,12 @@ absl::Status ChunkedEngine::RestoreState(const std::string& prefix, const Checkp
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", prefix, "engine is damaged or from another precision"));
   }
   return absl::OkStatus();
+}
+
+std::vector<int> ChunkedEngine::BlocksOf(const std::vector<int>& stages) const {
+  std::vector<int> blocks;
+  for (int stage : stages) blocks.push_back(static_cast<int>(stages_.BlockOf(stage)));
+  return blocks;
 }
 
 at::Tensor ChunkedEngine::LastLogits(const torch::Tensor& tokens, KvCache* cache) {
@@ -428,14 +430,7 @@ absl::Status ChunkedEngine::Init(MemoryOptions memory) {
   const int tensor_ranks = model_->tensor_group().size();
   std::vector<StageParams> stages;
   for (int s = 0; s < stages_.count(); ++s) {
-    const int64_t block = stages_.BlockOf(s);
-    if (block >= 0) {
-      stages.push_back({absl::StrCat("h.", block), {}, /*recomputable=*/true});
-    } else if (s < stages_.block(0)) {
-      stages.push_back({stages_.pieces == 1 ? std::string("embed") : absl::StrCat("embed.", s), {}});
-    } else {
-      stages.push_back({s == stages_.head() ? std::string("head") : absl::StrCat("head.", s - stages_.head() - 1), {}});
-    }
+    stages.push_back({stages_.Name(s), {}, /*recomputable=*/stages_.BlockOf(s) >= 0});
   }
   const std::vector<ParameterShape> shapes = ModelParameterShapes(model_->config(), tensor_ranks);
   const std::vector<std::vector<int>> uses = ModelStageParameters(model_->config(), shapes, tensor_ranks);

@@ -112,6 +112,8 @@ class ChunkedEngine : public StepEngine {
   // them: the embeddings' pieces, the blocks, the head's stages. With
   // `cache` (evaluation only), of the positions after its.
   at::Tensor Forward(const torch::Tensor& tokens, const Head& head, KvCache* cache = nullptr);
+  // The blocks that recomputing `stages` run.
+  std::vector<int> BlocksOf(const std::vector<int>& stages) const;
   // Forward() in evaluation mode (no dropout, no gradients).
   at::Tensor EvalForward(const torch::Tensor& tokens, const Head& head, KvCache* cache = nullptr);
 
