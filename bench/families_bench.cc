@@ -94,6 +94,7 @@ struct Result {
   double disk_bytes = 0;  // a steady step's, both ways
   double floor_products = 0, floor_disk = 0;
   uint64_t peak_rss = 0;
+  size_t recomputed_blocks = 0;  // in the last step
 };
 
 Result RunJob(const Job& job, const DiskBandwidth& disk) {
@@ -138,6 +139,7 @@ Result RunJob(const Job& job, const DiskBandwidth& disk) {
     transfer.push_back(s.exposed_transfer);
     disk_bytes.push_back(double(r[i].memory_stats.host_to_disk_bytes + r[i].memory_stats.disk_to_host_bytes));
   }
+  if (!r.empty()) result.recomputed_blocks = r.back().recomputed_blocks.size();
   result.step_seconds = Median(result.seconds);
   result.split = {Median(compute), Median(optimizer), Median(exposed_disk), Median(transfer)};
   result.disk_bytes = Median(disk_bytes);
@@ -283,10 +285,12 @@ int Run() {
         absl::StrFormat(",\n     \"step_seconds\": %.4f, \"tokens_per_second\": %.2f, \"achieved_flops\": %.4g, "
                         "\"fraction_of_gemm\": %.4f,\n     \"step_split\": {\"compute\": %.3f, \"optimizer\": %.3f, "
                         "\"exposed_disk\": %.3f, \"exposed_transfer\": %.3f}, \"disk_bytes_per_step\": %.4g, "
-                        "\"floor_seconds\": {\"products\": %.3f, \"disk\": %.3f}, \"peak_rss_bytes\": %llu}",
+                        "\"floor_seconds\": {\"products\": %.3f, \"disk\": %.3f}, \"peak_rss_bytes\": %llu, "
+                        "\"recomputed_blocks\": %zu}",
                         r.step_seconds, r.tokens_per_second, r.achieved_flops, r.fraction_of_gemm, r.split.compute,
                         r.split.optimizer, r.split.exposed_disk, r.split.exposed_transfer, r.disk_bytes,
-                        r.floor_products, r.floor_disk, static_cast<unsigned long long>(r.peak_rss))));
+                        r.floor_products, r.floor_disk, static_cast<unsigned long long>(r.peak_rss),
+                        r.recomputed_blocks)));
   }
   std::printf("\n%-72s %10s %12s\n", "against its floor (the larger of products and disk)", "step/floor",
               "vs plain");

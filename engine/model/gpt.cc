@@ -153,11 +153,51 @@ at::Tensor Rotate(const at::Tensor& x, const RotaryTables& rotary, int64_t first
   return (xf * cos + RotateHalf(xf) * sin).to(x.scalar_type());
 }
 
-// SwiGLU's silu(gate) * up of reduced values, in fp32, rounded once.
-at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
-  if (gate.scalar_type() == at::kFloat) return at::silu(gate) * up;
-  return (at::silu(gate.to(at::kFloat)) * up.to(at::kFloat)).to(gate.scalar_type());
-}
+// SwiGLU of reduced values: silu(gate) * up of the halves [gate, up] of
+// the MLP's first product, computed in fp32 and rounded once, forward and
+// backward (the same values, op for op, as autograd through the fp32
+// conversions), keeping only the reduced [gate, up] for the backward where
+// autograd would keep three fp32 tensors as wide as the MLP (24 bytes a
+// token and intermediate unit against 4).
+struct WideSwiGlu : public torch::autograd::Function<WideSwiGlu> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    const std::vector<at::Tensor> halves = gate_up.chunk(2, /*dim=*/-1);
+    return (at::silu(halves[0].to(at::kFloat)) * halves[1].to(at::kFloat)).to(gate_up.scalar_type());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0];
+    const std::vector<at::Tensor> halves = gate_up.chunk(2, /*dim=*/-1);
+    const at::Tensor gate = halves[0].to(at::kFloat), up = halves[1].to(at::kFloat);
+    const at::Tensor g = grads[0].to(at::kFloat);
+    at::Tensor grad = at::empty_like(gate_up, at::MemoryFormat::Contiguous);
+    const std::vector<at::Tensor> out = grad.chunk(2, /*dim=*/-1);
+    out[0].copy_(at::silu_backward(g * up, gate));
+    out[1].copy_(g * at::silu(gate));
+    return {grad};
+  }
+};
+
+// The attention's softmax of scores of reduced or fp32 values, in fp32,
+// rounded once to `type`, keeping only the rounded probabilities for the
+// backward -- the tensor the product with the values keeps anyway -- where
+// autograd through the conversion would keep an fp32 copy of them (the
+// step's largest activation, at twice the size).
+struct WideSoftmax : public torch::autograd::Function<WideSoftmax> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores, c10::ScalarType type) {
+    at::Tensor probabilities = scores.to(at::kFloat).softmax(-1).to(type);
+    ctx->save_for_backward({probabilities});
+    ctx->saved_data["scores_type"] = scores.scalar_type();
+    return probabilities;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor p = ctx->get_saved_variables()[0].to(at::kFloat);
+    const at::Tensor grad = at::_softmax_backward_data(grads[0].to(at::kFloat), p, -1, at::kFloat);
+    return {grad.to(ctx->saved_data["scores_type"].toScalarType()), at::Tensor()};
+  }
+};
 
 // GPT-2's GELU (the tanh approximation) of reduced values, computed in fp32
 // and rounded once -- forward and backward -- keeping only the reduced input
@@ -308,7 +348,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, KvCacheLa
                   /*alpha=*/1.0 / std::sqrt(double(head_dim)))
           .view({batch, local_heads_, time, keys});
   // Softmax always in fp32.
-  torch::Tensor probabilities = Reduced(m) ? scores.to(at::kFloat).softmax(-1).to(m.dtype) : scores.softmax(-1);
+  torch::Tensor probabilities = Reduced(m) ? WideSoftmax::apply(scores, m.dtype) : scores.softmax(-1);
   // This rank's heads (and rows) drop what the whole model's would.
   const DropoutSlice rows = BatchSlice(m);
   torch::Tensor weights = attn_dropout_->forward(
@@ -334,8 +374,12 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   torch::Tensor up = c_fc(x);
   torch::Tensor hidden;
   if (gated_) {
-    std::vector<torch::Tensor> gate_up = up.chunk(2, /*dim=*/-1);
-    hidden = SwiGlu(gate_up[0], gate_up[1]);
+    if (Reduced(m)) {
+      hidden = WideSwiGlu::apply(up);
+    } else {
+      std::vector<torch::Tensor> gate_up = up.chunk(2, /*dim=*/-1);
+      hidden = at::silu(gate_up[0]) * gate_up[1];
+    }
   } else {
     // GPT-2 uses the tanh approximation of GELU.
     hidden = Reduced(m) ? WideGelu::apply(up) : at::gelu(up, "tanh");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/memory/simulated_device.h"
 #include "engine/parallel/communicator.h"
 
 namespace ferry {
@@ -290,6 +291,65 @@ TEST(GptTest, ReducedGeluComputesInFp32AndRoundsOnce) {
     EXPECT_TRUE(torch::equal(out, want));
     EXPECT_TRUE(torch::equal(dx, x2.grad()));
   }
+}
+
+TEST(GptTest, ReducedSwiGluComputesInFp32AndRoundsOnce) {
+  ShapeOnlyCommunicator alone(0, 1);
+  const ModelConfig config = *ModelPreset("llama-tiny");
+  for (bool upcast : {false, true}) {
+    SCOPED_TRACE(upcast ? "upcast" : "native");
+    torch::manual_seed(3);
+    auto mode = std::make_shared<ComputeMode>();
+    mode->dtype = torch::kBFloat16;
+    mode->upcast = upcast;
+    Mlp mlp(config, mode, &alone);
+    mlp->to(torch::kBFloat16);
+    const torch::Tensor x = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16).requires_grad_();
+    const torch::Tensor g = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16);
+    torch::Tensor out = mlp->forward(x);
+    out.backward(g);
+    const torch::Tensor dx = x.grad().clone();
+    const torch::Tensor dw = mlp->c_fc->weight.grad().clone();
+    mlp->zero_grad();
+
+    // Autograd through the conversions: the same values, op for op.
+    const torch::Tensor x2 = x.detach().clone().requires_grad_();
+    const std::vector<torch::Tensor> gate_up = mlp->c_fc->forward(x2).chunk(2, -1);
+    const torch::Tensor hidden =
+        (at::silu(gate_up[0].to(torch::kFloat)) * gate_up[1].to(torch::kFloat)).to(torch::kBFloat16);
+    torch::Tensor want = mlp->c_proj->forward(hidden);
+    want.backward(g);
+    EXPECT_TRUE(torch::equal(out, want));
+    EXPECT_TRUE(torch::equal(dx, x2.grad()));
+    EXPECT_TRUE(torch::equal(dw, mlp->c_fc->weight.grad()));
+  }
+}
+
+// What a block keeps for its backward in bf16 is about half of what it keeps
+// in fp32: the reduced values its products and norms need, never fp32 copies
+// of the attention's probabilities or of the MLP's gate and up (the widest
+// activations).
+TEST(GptTest, ReducedBlocksKeepReducedValuesForTheBackward) {
+  ShapeOnlyCommunicator alone(0, 1);
+  const ModelConfig config = *ModelPreset("llama-tiny");
+  const RotaryTables rotary = MakeRotaryTables(config, config.seq_len);
+  auto kept = [&](c10::ScalarType type) {
+    torch::manual_seed(4);
+    auto mode = std::make_shared<ComputeMode>();
+    mode->dtype = type;
+    Block block(config, rotary, mode, &alone);
+    block->to(type);
+    const torch::Tensor x = torch::randn({1, config.seq_len, config.hidden}).to(type).requires_grad_();
+    SimulatedDevice device(uint64_t{1} << 30);
+    const uint64_t before = device.allocated_bytes();
+    torch::Tensor out = block->forward(x);
+    // The graph holds what the backward needs; the output is not counted.
+    const uint64_t held = device.allocated_bytes() - before - out.numel() * out.element_size();
+    out.backward(torch::ones_like(out));
+    return held;
+  };
+  const uint64_t fp32 = kept(torch::kFloat), bf16 = kept(torch::kBFloat16);
+  EXPECT_LT(double(bf16), 0.55 * double(fp32)) << bf16 << " bytes kept in bf16, " << fp32 << " in fp32";
 }
 
 // The daemon lays out chunks from ModelParameterShapes without LibTorch: it
