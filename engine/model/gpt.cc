@@ -29,6 +29,22 @@ DropoutSlice BatchSlice(const ComputeMode& m) {
   return m.batch_whole > 0 ? DropoutSlice().Along(0, m.batch_whole, m.batch_offset) : DropoutSlice();
 }
 
+// x W^T (+ b) of rows x. One fp32 row (a token generated with the key/value
+// cache) is a matrix-vector product: LibTorch's matrix product of one row
+// against W^T reads W at a third of the rate at::mv does here (16 against
+// 50 GB/s for a [16384, 2048] W on two cores); in bf16 the matrix product
+// is the faster.
+at::Tensor RowsTimesTransposed(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = at::Tensor()) {
+  if (x.numel() != x.size(-1) || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) {
+    return at::linear(x, w, b);
+  }
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  at::Tensor y = at::mv(w, x.reshape({-1}));
+  if (b.defined()) y.add_(b);
+  return y.view(shape);
+}
+
 // x W^T + b whose backward puts W's gradient where W keeps it -- a chunk's
 // view, say -- by the product itself: C += G^T X, or C = G^T X where
 // `claims` says C holds nothing yet. No [out, in] temporary for autograd to
@@ -42,7 +58,7 @@ struct Linear : public torch::autograd::Function<Linear> {
     ctx->saved_data["weight"] = w;  // the parameter itself, for its .grad()
     ctx->saved_data["bias"] = biased;
     ctx->saved_data["claims"] = claims;
-    return at::linear(x, w, biased ? b : at::Tensor());
+    return RowsTimesTransposed(x, w, biased ? b : at::Tensor());
   }
   // A custom function's tensor inputs must all be defined: no bias is an
   // empty one.
@@ -647,7 +663,8 @@ torch::Tensor GptImpl::CombineHeadStats(const std::vector<torch::Tensor>& stats)
 }
 
 torch::Tensor GptImpl::PieceLogits(int k, const torch::Tensor& normed_rows) {
-  return at::matmul(normed_rows.to(at::kFloat), OutputLayer().pieces.at(static_cast<size_t>(k)).to(at::kFloat).t());
+  const at::Tensor& piece = OutputLayer().pieces.at(static_cast<size_t>(k));
+  return RowsTimesTransposed(normed_rows.to(at::kFloat), piece.to(at::kFloat));
 }
 
 torch::Tensor GptImpl::LastLogits(const torch::Tensor& x) {
