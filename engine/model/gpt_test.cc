@@ -264,64 +264,43 @@ class ShapeOnlyCommunicator : public Communicator {
 // In bf16, the MLP's GELU computes in fp32 and rounds once, forward and
 // backward, whether or not the products upcast: exactly what autograd gives
 // for the GELU of the widened values, rounded back.
-TEST(GptTest, ReducedGeluComputesInFp32AndRoundsOnce) {
+// GPT-2's GELU and Llama's SwiGLU in bf16: computed in fp32 and rounded
+// once, the values of autograd through the conversions, op for op.
+TEST(GptTest, ReducedMlpActivationsComputeInFp32AndRoundOnce) {
   ShapeOnlyCommunicator alone(0, 1);
-  ModelConfig config = SmallConfig();
-  config.dropout = 0;
-  for (bool upcast : {false, true}) {
-    SCOPED_TRACE(upcast ? "upcast" : "native");
-    torch::manual_seed(3);
-    auto mode = std::make_shared<ComputeMode>();
-    mode->dtype = torch::kBFloat16;
-    mode->upcast = upcast;
-    Mlp mlp(config, mode, &alone);
-    mlp->to(torch::kBFloat16);
-    mlp->eval();
-    const torch::Tensor x = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16).requires_grad_();
-    const torch::Tensor g = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16);
-    torch::Tensor out = mlp->forward(x);
-    out.backward(g);
-    const torch::Tensor dx = x.grad().clone();
+  for (const ModelConfig& config : {SmallConfig(), *ModelPreset("llama-tiny")}) {
+    for (bool upcast : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(config.Gated() ? "swiglu" : "gelu", upcast ? ", upcast" : ", native"));
+      torch::manual_seed(3);
+      auto mode = std::make_shared<ComputeMode>();
+      mode->dtype = torch::kBFloat16;
+      mode->upcast = upcast;
+      Mlp mlp(config, mode, &alone);
+      mlp->to(torch::kBFloat16);
+      mlp->eval();
+      const torch::Tensor x = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16).requires_grad_();
+      const torch::Tensor g = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16);
+      torch::Tensor out = mlp->forward(x);
+      out.backward(g);
+      const torch::Tensor dx = x.grad().clone();
+      const torch::Tensor dw = mlp->c_fc->weight.grad().clone();
+      mlp->zero_grad();
 
-    const torch::Tensor x2 = x.detach().clone().requires_grad_();
-    const torch::Tensor up = mlp->c_fc->forward(x2);
-    const torch::Tensor hidden = at::gelu(up.to(torch::kFloat), "tanh").to(torch::kBFloat16);
-    torch::Tensor want = mlp->c_proj->forward(hidden);
-    want.backward(g);
-    EXPECT_TRUE(torch::equal(out, want));
-    EXPECT_TRUE(torch::equal(dx, x2.grad()));
-  }
-}
-
-TEST(GptTest, ReducedSwiGluComputesInFp32AndRoundsOnce) {
-  ShapeOnlyCommunicator alone(0, 1);
-  const ModelConfig config = *ModelPreset("llama-tiny");
-  for (bool upcast : {false, true}) {
-    SCOPED_TRACE(upcast ? "upcast" : "native");
-    torch::manual_seed(3);
-    auto mode = std::make_shared<ComputeMode>();
-    mode->dtype = torch::kBFloat16;
-    mode->upcast = upcast;
-    Mlp mlp(config, mode, &alone);
-    mlp->to(torch::kBFloat16);
-    const torch::Tensor x = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16).requires_grad_();
-    const torch::Tensor g = torch::randn({2, 5, config.hidden}).to(torch::kBFloat16);
-    torch::Tensor out = mlp->forward(x);
-    out.backward(g);
-    const torch::Tensor dx = x.grad().clone();
-    const torch::Tensor dw = mlp->c_fc->weight.grad().clone();
-    mlp->zero_grad();
-
-    // Autograd through the conversions: the same values, op for op.
-    const torch::Tensor x2 = x.detach().clone().requires_grad_();
-    const std::vector<torch::Tensor> gate_up = mlp->c_fc->forward(x2).chunk(2, -1);
-    const torch::Tensor hidden =
-        (at::silu(gate_up[0].to(torch::kFloat)) * gate_up[1].to(torch::kFloat)).to(torch::kBFloat16);
-    torch::Tensor want = mlp->c_proj->forward(hidden);
-    want.backward(g);
-    EXPECT_TRUE(torch::equal(out, want));
-    EXPECT_TRUE(torch::equal(dx, x2.grad()));
-    EXPECT_TRUE(torch::equal(dw, mlp->c_fc->weight.grad()));
+      const torch::Tensor x2 = x.detach().clone().requires_grad_();
+      const torch::Tensor up = mlp->c_fc->forward(x2).to(torch::kFloat);
+      torch::Tensor hidden;
+      if (config.Gated()) {
+        const std::vector<torch::Tensor> gate_up = up.chunk(2, -1);
+        hidden = at::silu(gate_up[0]) * gate_up[1];
+      } else {
+        hidden = at::gelu(up, "tanh");
+      }
+      torch::Tensor want = mlp->c_proj->forward(hidden.to(torch::kBFloat16));
+      want.backward(g);
+      EXPECT_TRUE(torch::equal(out, want));
+      EXPECT_TRUE(torch::equal(dx, x2.grad()));
+      EXPECT_TRUE(torch::equal(dw, mlp->c_fc->weight.grad()));
+    }
   }
 }
 
