@@ -9,6 +9,12 @@
 // needed on the device in the forward and backward periods of the stages
 // using it, its gradients (G) from its first backward use to its last, and
 // its optimizer states (O, two values per element) where the optimizer runs.
+// A gradient whose chunk is used by backward periods far apart (a tied
+// embedding: the head's backward comes first, the embeddings' last) may go
+// to the host between its uses and come back for the next: the plan
+// releases such gradients, the largest first, only where the step would not
+// fit otherwise, and counts the copies (the runtime's farthest-next-use
+// eviction sends them: placement_policy.h).
 //
 // Each chunk gets one of three classes:
 //   kStreamed      P fetched when needed and evictable; G sent to the host
@@ -76,22 +82,39 @@ struct Plan {
   bool feasible = false;
   // Bytes moved between host and device per steady step, as planned.
   uint64_t traffic_bytes = 0;
+  // Per chunk (empty: none): its gradients go to the host between backward
+  // uses that are not adjacent periods, and come back.
+  std::vector<bool> grads_released;
 };
 
-// Device bytes each period needs under `classes`.
-std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<ChunkClass>& classes);
+// Device bytes each period needs under `classes`, with the gradients of the
+// chunks `released` names (Plan::grads_released) off the device between
+// their backward uses.
+std::vector<uint64_t> PeriodNeeds(const PlanInput& input, const std::vector<ChunkClass>& classes,
+                                  const std::vector<bool>& released = {});
 
 // Predicted traffic between host and device per steady step: kStreamed P in
 // for the forward and again for the backward, G out; kPinnedParams P in
-// (after its host update) and G out; kDeviceHomed nothing.
-uint64_t PlannedTraffic(const PlanInput& input, const std::vector<ChunkClass>& classes);
+// (after its host update) and G out; kDeviceHomed nothing. A released
+// gradient goes out and back once for each gap between its uses.
+uint64_t PlannedTraffic(const PlanInput& input, const std::vector<ChunkClass>& classes,
+                        const std::vector<bool>& released = {});
 
-// Evaluates `classes` against the input.
-Plan EvaluatePlan(const PlanInput& input, std::vector<ChunkClass> classes);
+// Evaluates `classes` (and `released`) against the input.
+Plan EvaluatePlan(const PlanInput& input, std::vector<ChunkClass> classes, std::vector<bool> released = {});
 
-// The auto plan: every chunk streamed, then upgraded greedily (largest chunk
-// first) to kPinnedParams, then to kDeviceHomed, keeping every period within
-// limit_bytes. Infeasible only if even all-streamed does not fit.
+// Per chunk: whether backward periods that do not use it come between its
+// first and last backward use.
+std::vector<bool> GradientsWithGaps(const PlanInput& input);
+
+// The least any step needs of the device: every chunk streamed, every
+// gradient with gaps released.
+Plan PlanLeast(const PlanInput& input);
+
+// The auto plan: every chunk streamed (gradients released as far as needed
+// to fit), then upgraded greedily (largest chunk first) to kPinnedParams,
+// then to kDeviceHomed, keeping every period within limit_bytes.
+// Infeasible only if even PlanLeast does not fit.
 Plan PlanAuto(const PlanInput& input);
 
 // The static plan: the first (1 - optimizer_host_fraction) of the chunks are

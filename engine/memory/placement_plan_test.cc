@@ -39,6 +39,50 @@ TEST(PlacementPlanTest, NeedsCountWhatEachClassKeepsOnTheDevice) {
   EXPECT_EQ(need[4], 40u + 400u + 100u);
 }
 
+// A tied chunk (an embedding and its output layer): used by the first
+// stage and the last, so by the first backward period and the last. Its
+// gradient can wait on the host between them; the plan sends it there only
+// where the step does not fit otherwise, and counts the copies.
+TEST(PlacementPlanTest, AGradientWaitsOnTheHostBetweenItsUsesOnlyWhereNeeded) {
+  PlanInput in = FourStages(1 << 20);
+  in.param_bytes = {300, 100, 100};
+  in.period_chunks = {{0}, {1}, {2}, {0}, {0}, {2}, {1}, {0}, {}};
+  in.non_model_bytes = {10, 20, 200, 10, 10, 200, 20, 10, 0};
+  using C = ChunkClass;
+  const std::vector<ChunkClass> streamed = {C::kStreamed, C::kStreamed, C::kStreamed};
+  const std::vector<bool> release0 = {true, false, false};
+  EXPECT_EQ(GradientsWithGaps(in), release0);
+  // Held, G0 (300) stays from B3 to B0: B2 holds it beside P2 and G2.
+  std::vector<uint64_t> need = PeriodNeeds(in, streamed);
+  EXPECT_EQ(need[5], 200u + 200u + 300u);
+  // Released, B2 and B1 hold only their own chunk's; B3 and B0 compute with
+  // chunk 0 and hold it all.
+  need = PeriodNeeds(in, streamed, release0);
+  EXPECT_EQ(need[5], 200u + 200u);
+  EXPECT_EQ(need[6], 20u + 200u);
+  EXPECT_EQ(need[4], 10u + 600u);
+  EXPECT_EQ(need[7], 10u + 600u);
+  EXPECT_EQ(PlannedTraffic(in, streamed, release0), PlannedTraffic(in, streamed) + 2 * 300u) << "out and back";
+
+  // With room, nothing is released.
+  Plan plan = PlanAuto(in);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_EQ(plan.grads_released, (std::vector<bool>{false, false, false}));
+  // At 650 the step fits only with G0 released.
+  in.limit_bytes = 650;
+  EXPECT_FALSE(EvaluatePlan(in, streamed).feasible);
+  plan = PlanAuto(in);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_EQ(plan.grads_released, release0);
+  EXPECT_EQ(plan.need_bytes[5], 400u);
+  // At 600 nothing fits: the least plan's binding period is B3's 610.
+  in.limit_bytes = 600;
+  EXPECT_FALSE(PlanAuto(in).feasible);
+  const Plan least = PlanLeast(in);
+  EXPECT_FALSE(least.feasible);
+  EXPECT_EQ(least.need_bytes[static_cast<size_t>(least.binding_period)], 610u);
+}
+
 // Gradient accumulation: a device-homed chunk's gradients stay on the device
 // through the later micro-batches' forward periods; a streamed chunk's go
 // to the host after each micro-batch's backward, as without it.

@@ -286,6 +286,37 @@ uint64_t PlannedNeed(const PlacementReport& r, bool zero_offload) {
   return plan.need_bytes[static_cast<size_t>(plan.binding_period)];
 }
 
+// A tied embedding's gradient waits on the host between the head's backward
+// and the embeddings' where the device cannot hold it through the blocks'
+// backwards: the step fits a device the held gradient would not, and trains
+// the same, bit for bit.
+TEST(TrainerTest, ATiedGradientWaitsOnTheHostBetweenItsUses) {
+  ModelConfig model = SixLayers();
+  model.hidden = 256;  // a block holds 3 MiB of weights, the embedding 1 MiB
+  model.vocab_size = 1024;
+  model.seq_len = 64;
+  TrainOptions train = Small(4);
+  train.batch_size = 4;
+  MemoryOptions memory;
+  memory.recompute = MemoryOptions::Recompute::kAll;
+  auto ample = Train(model, train, kAmple, memory);
+  ASSERT_TRUE(ample->status.ok()) << ample->status;
+  const PlanInput in = PlanInputFromReport(ample->observer.placement, UINT64_MAX);
+  const Plan held = EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
+  const Plan least = PlanLeast(in);
+  const uint64_t held_need = held.need_bytes[static_cast<size_t>(held.binding_period)];
+  const uint64_t least_need = least.need_bytes[static_cast<size_t>(least.binding_period)];
+  // A block's backward binds: its weights and gradients, its recomputed
+  // activations, and -- held -- the embedding's gradient (1 MiB).
+  ASSERT_LT(least_need + (uint64_t{1} << 19), held_need);
+  // A device whose limit (less the margin) lies halfway between the two.
+  const uint64_t capacity = static_cast<uint64_t>(double(least_need + held_need) / 2 / (1 - memory.margin));
+  auto tight = Train(model, train, capacity, memory);
+  ASSERT_TRUE(tight->status.ok()) << tight->status;
+  EXPECT_EQ(tight->observer.Losses(), ample->observer.Losses());
+  EXPECT_GT(tight->observer.reports.back().memory_stats.device_to_host_bytes, 0u);
+}
+
 TEST(TrainerTest, OffloadedTrainingIsTheSameTrainingBitForBit) {
   auto ample = Train(SixLayers(), Small(6), kAmple, MemoryOptions());
   ASSERT_TRUE(ample->status.ok()) << ample->status;

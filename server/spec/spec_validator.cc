@@ -443,8 +443,8 @@ uint64_t RankDeviceBytes(const JobSpec& spec, const MachineFacts& machine) {
   return spec.memory().device_budget() > 0 ? spec.memory().device_budget() : machine.device_memory_bytes;
 }
 
-// The least any step needs of the device -- every chunk streamed, no
-// activations at all -- within the device less the auto policy's margin: a
+// The least any step needs of the device -- every chunk streamed, every
+// gradient sent home between its uses, no activations at all -- within the device less the auto policy's margin: a
 // job that cannot meet it would stop in its warm-up step, after the model
 // was built and its chunks filled.
 void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machine, const RankChunks& chunks) {
@@ -454,7 +454,7 @@ void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machi
   if (!(margin >= 0 && margin <= 0.9)) return;  // refused as a field of its own
   const uint64_t limit = static_cast<uint64_t>(double(device) * (1.0 - margin));
   const PlanInput in = DevicePlanInput(chunks, spec, limit);
-  const Plan least = EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
+  const Plan least = PlanLeast(in);
   if (least.feasible) return;
   const int period = least.binding_period;
   const int stages = in.forward_periods;
@@ -466,7 +466,8 @@ void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machi
   const uint64_t at_least = static_cast<uint64_t>(double(need) / (1.0 - margin)) + 1;
   p.Precondition(absl::StrCat(
       "memory.device_budget: the step cannot fit the device's ", BytesText(device), " (", BytesText(limit),
-      " with memory.margin kept free) even with every chunk streamed and before any activations: the ",
+      " with memory.margin kept free) even with every chunk streamed, gradients sent home between their uses, "
+      "and before any activations: the ",
       period < stages ? "forward" : "backward", " of ", stage_name, " needs ", BytesText(need),
       " of its chunks' weights and of the gradients being accumulated then (the largest chunk holds ",
       BytesText(largest_chunk), " of weights; a tensor is never split across chunks); raise ",

@@ -384,13 +384,14 @@ TEST(SpecValidatorTest, TheLlamaFineTuningExampleIsAValidJob) {
   EXPECT_EQ(spec->memory().device_budget(), 1 * kGiB);
   EXPECT_TRUE(ValidateSpec(*spec, machine).ok()) << ValidateSpec(*spec, machine);
 
-  // At 192 MiB a block's backward cannot run: said at submit, not after the
-  // model is built.
+  // At 192 MiB the backward of a piece of the head cannot run (its 125.25
+  // MiB of weights and their gradient; the other pieces' gradients wait on
+  // the host): said at submit, not after the model is built.
   spec->mutable_memory()->set_device_budget(192 << 20);
   const absl::Status small = ValidateSpec(*spec, machine);
   EXPECT_EQ(small.code(), absl::StatusCode::kFailedPrecondition) << small;
   for (const char* part : {"memory.device_budget: the step cannot fit the device's 192.00 MiB",
-                           "the backward of block", "raise memory.device_budget to well above"}) {
+                           "the backward of the head needs 250.50 MiB", "raise memory.device_budget to well above"}) {
     EXPECT_NE(small.message().find(part), std::string::npos) << part << " not in " << small;
   }
 }
