@@ -178,7 +178,7 @@ ModelConfig Small(bool quick) {
 uint64_t StreamedNeed(const PlacementReport& r) {
   const PlanInput in = PlanInputFromReport(r, UINT64_MAX);
   Plan plan = EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
-  return plan.need_bytes[static_cast<size_t>(plan.binding_period)];
+  return plan.binding_need();
 }
 
 // The moves and overlap checks, from one tight run.

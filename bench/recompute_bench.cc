@@ -88,7 +88,7 @@ void Record(const Trial& t, ModeResult* r) {
 uint64_t StreamedNeed(const PlacementReport& report, double margin) {
   const PlanInput in = PlanInputFromReport(report, UINT64_MAX);
   const Plan plan = EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
-  return static_cast<uint64_t>(double(plan.need_bytes[static_cast<size_t>(plan.binding_period)]) / (1.0 - margin));
+  return static_cast<uint64_t>(double(plan.binding_need()) / (1.0 - margin));
 }
 
 std::string Blocks(const std::vector<int>& blocks) { return absl::StrJoin(blocks, ","); }

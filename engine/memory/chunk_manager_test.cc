@@ -343,7 +343,7 @@ TEST(ChunkManagerTest, StaticKeepsZeroOffloadsSplit) {
   }
 }
 
-uint64_t Need(const Plan& plan) { return plan.need_bytes[static_cast<size_t>(plan.binding_period)]; }
+uint64_t Need(const Plan& plan) { return plan.binding_need(); }
 
 TEST(ChunkManagerTest, StaticRunsOutOfMemoryWhereAutoFits) {
   RunResult ample = Train(kAmple, {}, 3);

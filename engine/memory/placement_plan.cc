@@ -120,8 +120,7 @@ Plan EvaluatePlan(const PlanInput& input, std::vector<ChunkClass> classes, std::
   plan.classes = std::move(classes);
   plan.binding_period = static_cast<int>(
       std::max_element(plan.need_bytes.begin(), plan.need_bytes.end()) - plan.need_bytes.begin());
-  plan.feasible = plan.need_bytes.empty() ||
-                  plan.need_bytes[static_cast<size_t>(plan.binding_period)] <= input.limit_bytes;
+  plan.feasible = plan.binding_need() <= input.limit_bytes;
   plan.traffic_bytes = PlannedTraffic(input, plan.classes, released);
   plan.grads_released = std::move(released);
   return plan;

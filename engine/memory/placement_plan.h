@@ -80,6 +80,10 @@ struct Plan {
   std::vector<uint64_t> need_bytes;
   int binding_period = 0;
   bool feasible = false;
+  // The binding period's need (0 for no periods).
+  uint64_t binding_need() const {
+    return need_bytes.empty() ? 0 : need_bytes[static_cast<size_t>(binding_period)];
+  }
   // Bytes moved between host and device per steady step, as planned.
   uint64_t traffic_bytes = 0;
   // Per chunk (empty: none): its gradients go to the host between backward

@@ -80,7 +80,7 @@ TEST(PlacementPlanTest, AGradientWaitsOnTheHostBetweenItsUsesOnlyWhereNeeded) {
   EXPECT_FALSE(PlanAuto(in).feasible);
   const Plan least = PlanLeast(in);
   EXPECT_FALSE(least.feasible);
-  EXPECT_EQ(least.need_bytes[static_cast<size_t>(least.binding_period)], 610u);
+  EXPECT_EQ(least.binding_need(), 610u);
 }
 
 // Gradient accumulation: a device-homed chunk's gradients stay on the device
@@ -146,7 +146,7 @@ TEST(PlacementPlanTest, AutoNeverPlansMoreTrafficThanStaticWhereStaticFits) {
       EXPECT_LE(automatic.traffic_bytes, zero_offload.traffic_bytes) << limit;
     }
     if (automatic.feasible) {
-      EXPECT_LE(automatic.need_bytes[automatic.binding_period], limit);
+      EXPECT_LE(automatic.binding_need(), limit);
     }
   }
 }

@@ -375,7 +375,7 @@ absl::Status PlacementPolicy::PlanAfterWarmup() {
   // then fails with the device's own out-of-memory error.
   if (plan_.feasible || options_.policy == MemoryOptions::Policy::kStatic) return absl::OkStatus();
   const int p = plan_.binding_period;
-  const uint64_t need = plan_.need_bytes[static_cast<size_t>(p)];
+  const uint64_t need = plan_.binding_need();
   const uint64_t activations = in.non_model_bytes[static_cast<size_t>(p)];
   const size_t largest = static_cast<size_t>(
       std::max_element(in.non_model_bytes.begin(), in.non_model_bytes.end()) - in.non_model_bytes.begin());

@@ -283,7 +283,7 @@ uint64_t PlannedNeed(const PlacementReport& r, bool zero_offload) {
   const PlanInput in = PlanInputFromReport(r, UINT64_MAX);
   Plan plan = zero_offload ? PlanStatic(in, 0.0, 1.0)
                            : EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
-  return plan.need_bytes[static_cast<size_t>(plan.binding_period)];
+  return plan.binding_need();
 }
 
 // A tied embedding's gradient waits on the host between the head's backward
@@ -301,11 +301,8 @@ TEST(TrainerTest, ATiedGradientWaitsOnTheHostBetweenItsUses) {
   memory.recompute = MemoryOptions::Recompute::kAll;
   auto ample = Train(model, train, kAmple, memory);
   ASSERT_TRUE(ample->status.ok()) << ample->status;
-  const PlanInput in = PlanInputFromReport(ample->observer.placement, UINT64_MAX);
-  const Plan held = EvaluatePlan(in, std::vector<ChunkClass>(in.param_bytes.size(), ChunkClass::kStreamed));
-  const Plan least = PlanLeast(in);
-  const uint64_t held_need = held.need_bytes[static_cast<size_t>(held.binding_period)];
-  const uint64_t least_need = least.need_bytes[static_cast<size_t>(least.binding_period)];
+  const uint64_t held_need = PlannedNeed(ample->observer.placement, false);
+  const uint64_t least_need = PlanLeast(PlanInputFromReport(ample->observer.placement, UINT64_MAX)).binding_need();
   // A block's backward binds: its weights and gradients, its recomputed
   // activations, and -- held -- the embedding's gradient (1 MiB).
   ASSERT_LT(least_need + (uint64_t{1} << 19), held_need);

@@ -444,9 +444,9 @@ uint64_t RankDeviceBytes(const JobSpec& spec, const MachineFacts& machine) {
 }
 
 // The least any step needs of the device -- every chunk streamed, every
-// gradient sent home between its uses, no activations at all -- within the device less the auto policy's margin: a
-// job that cannot meet it would stop in its warm-up step, after the model
-// was built and its chunks filled.
+// gradient sent home between its uses, no activations at all -- within the
+// device less the auto policy's margin: a job that cannot meet it would stop
+// in its warm-up step, after the model was built and its chunks filled.
 void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machine, const RankChunks& chunks) {
   const uint64_t device = RankDeviceBytes(spec, machine);
   if (device == 0 || spec.memory().policy() == ferry::v1::MEMORY_POLICY_STATIC) return;
@@ -462,7 +462,7 @@ void CheckDeviceFits(Problems& p, const JobSpec& spec, const MachineFacts& machi
   const std::string stage_name = StagesOf(chunks.config, chunks.tensor).Describe(stage);
   uint64_t largest_chunk = 0;
   for (uint64_t bytes : in.param_bytes) largest_chunk = std::max(largest_chunk, bytes);
-  const uint64_t need = least.need_bytes[static_cast<size_t>(period)];
+  const uint64_t need = least.binding_need();
   const uint64_t at_least = static_cast<uint64_t>(double(need) / (1.0 - margin)) + 1;
   p.Precondition(absl::StrCat(
       "memory.device_budget: the step cannot fit the device's ", BytesText(device), " (", BytesText(limit),
